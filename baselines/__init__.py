@@ -1,0 +1,1 @@
+"""Baseline scheduling policies, one module each, all implementing moespac.policy.Policy."""

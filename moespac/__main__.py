@@ -1,0 +1,5 @@
+import sys
+
+from moespac.cli import main
+
+sys.exit(main())

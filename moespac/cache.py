@@ -1,0 +1,220 @@
+"""Device expert-cache bookkeeping and the prefetch queue, shared by the real engine and the simulator.
+
+Only bookkeeping lives here (which (layer, expert) occupies which slot, who may be evicted, counters);
+the engine adds real copies, the simulator adds simulated time. Loading is two-phase so an in-flight copy
+is neither resident nor free: `reserve` (evicts a victim if needed) then `commit`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from moespac.errors import MoespacError
+from moespac.policy import Policy, Prefetch, Topology
+
+
+@dataclass
+class CacheCounters:
+    """Per-request expert-cache statistics (activations are (layer, expert) pairs per forward)."""
+
+    hits: int = 0
+    """Activated experts that were resident when their layer started."""
+    loads: int = 0
+    """Activated experts loaded on demand (blocking) and then run on the device."""
+    host: int = 0
+    """Activated experts computed on the host."""
+    prefetched: int = 0
+    """Prefetch copies completed."""
+    prefetch_dropped: int = 0
+    """Prefetch requests dropped because their layer started first."""
+    prefetch_refused: int = 0
+    """Prefetch requests refused (no slot and the policy chose no victim)."""
+    evictions: int = 0
+    """Resident experts evicted to make room."""
+    bytes_copied: int = 0
+    """Bytes moved host -> device (prefetches and on-demand loads)."""
+
+    @property
+    def activations(self) -> int:
+        return self.hits + self.loads + self.host
+
+    def hit_rate(self) -> float:
+        """Share of activated experts found resident (the paper's GPU cache hit rate)."""
+        return self.hits / self.activations if self.activations else 0.0
+
+    def host_share(self) -> float:
+        """Share of activated experts computed on the host."""
+        return self.host / self.activations if self.activations else 0.0
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(activations=self.activations, hit_rate=self.hit_rate(), host_share=self.host_share())
+        return d
+
+
+class ExpertCache:
+    """Residency map over a pool of `capacity` slots, global across layers or partitioned per layer."""
+
+    def __init__(self, topology: Topology, capacity: int, per_layer_capacity: int | None = None,
+                 expert_bytes: int = 0):
+        total = topology.num_layers * topology.num_experts
+        if not 0 <= capacity <= total:
+            raise MoespacError(f"cache capacity {capacity} outside [0, {total}] expert slots")
+        if per_layer_capacity is not None and not 0 <= per_layer_capacity <= topology.num_experts:
+            raise MoespacError(f"per_layer_capacity {per_layer_capacity} outside [0, {topology.num_experts}]")
+        self.topology = topology
+        self.capacity = capacity
+        self.per_layer_capacity = per_layer_capacity
+        self.expert_bytes = expert_bytes
+        L, E = topology.num_layers, topology.num_experts
+        self.resident = np.zeros((L, E), dtype=bool)
+        self.loading = np.zeros((L, E), dtype=bool)
+        self.frozen = np.zeros((L, E), dtype=bool)
+        self.slot_of = np.full((L, E), -1, dtype=np.int64)
+        self.occupied = np.zeros(L, dtype=np.int64)  # resident + loading, per layer
+        self._free = list(range(capacity - 1, -1, -1))
+        self.counters = CacheCounters()
+
+    # -- queries ---------------------------------------------------------------------------------
+    def free_slots(self, layer: int | None = None) -> int:
+        free = len(self._free)
+        if layer is not None and self.per_layer_capacity is not None:
+            free = min(free, self.per_layer_capacity - int(self.occupied[layer]))
+        return max(free, 0)
+
+    def evictable(self, layer: int) -> np.ndarray:
+        """Residents that may be evicted to make room for an expert of `layer`."""
+        cand = self.resident & ~self.frozen
+        if self.per_layer_capacity is not None and self.occupied[layer] >= self.per_layer_capacity:
+            only = np.zeros_like(cand)
+            only[layer] = cand[layer]
+            cand = only
+        return cand
+
+    # -- mutation --------------------------------------------------------------------------------
+    def place(self, mask: np.ndarray) -> list[tuple[int, int, int]]:
+        """Initial placement; returns (layer, expert, slot) for the driver to fill."""
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != self.resident.shape:
+            raise MoespacError(f"placement shape {mask.shape} != {self.resident.shape}")
+        if mask.sum() > self.capacity:
+            raise MoespacError(f"placement of {int(mask.sum())} experts exceeds the cache capacity {self.capacity}")
+        if self.per_layer_capacity is not None and (mask.sum(1) > self.per_layer_capacity).any():
+            raise MoespacError(f"placement exceeds per_layer_capacity {self.per_layer_capacity}")
+        out = []
+        for layer, expert in zip(*np.nonzero(mask)):
+            slot = self.reserve(int(layer), int(expert), policy=None)
+            self.commit(int(layer), int(expert))
+            out.append((int(layer), int(expert), slot))
+        self.counters = CacheCounters()  # placement happens before the request: not counted
+        return out
+
+    def reserve(self, layer: int, expert: int, policy: Policy | None) -> int | None:
+        """Take a slot for (layer, expert), evicting the policy's victim if needed; None if refused."""
+        if self.resident[layer, expert] or self.loading[layer, expert]:
+            raise MoespacError(f"expert ({layer}, {expert}) is already resident or loading")
+        if self.free_slots(layer) == 0:
+            cand = self.evictable(layer)
+            if policy is None or not cand.any():
+                return None
+            key = policy.victim(cand, self)
+            if key is None:
+                return None
+            vl, ve = int(key[0]), int(key[1])
+            if not cand[vl, ve]:
+                raise MoespacError(f"policy {policy.name!r} chose victim ({vl}, {ve}), which is not evictable")
+            self.evict(vl, ve)
+        slot = self._free.pop()
+        self.loading[layer, expert] = True
+        self.slot_of[layer, expert] = slot
+        self.occupied[layer] += 1
+        return slot
+
+    def commit(self, layer: int, expert: int) -> None:
+        """The copy into the reserved slot finished: the expert is resident."""
+        self.loading[layer, expert] = False
+        self.resident[layer, expert] = True
+
+    def evict(self, layer: int, expert: int) -> None:
+        slot = int(self.slot_of[layer, expert])
+        self.resident[layer, expert] = False
+        self.slot_of[layer, expert] = -1
+        self.occupied[layer] -= 1
+        self._free.append(slot)
+        self.counters.evictions += 1
+
+    def check(self) -> None:
+        """Invariants (used by tests): slots unique, counts consistent."""
+        used = self.slot_of[self.slot_of >= 0]
+        assert len(set(used.tolist())) == len(used), "slot used twice"
+        assert len(used) + len(self._free) == self.capacity, "slots leaked"
+        assert (self.occupied == (self.resident | self.loading).sum(1)).all(), "occupancy drift"
+        assert not (self.resident & self.loading).any()
+
+
+class PrefetchQueue:
+    """Priority queue of prefetch requests: highest priority first, FIFO among equals.
+
+    `drop_layer(l)` discards every queued request for layer l (its deadline, the start of layer l,
+    has come). Thread-safe so the engine's copy worker can block on it.
+    """
+
+    def __init__(self):
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._gen: dict[int, int] = {}
+        self._live: dict[int, int] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return sum(self._live.values())
+
+    def push(self, requests: list[Prefetch]) -> None:
+        if not requests:
+            return
+        with self._cv:
+            for r in requests:
+                gen = self._gen.get(r.layer, 0)
+                heapq.heappush(self._heap, (-float(r.priority), next(self._seq), gen, r))
+                self._live[r.layer] = self._live.get(r.layer, 0) + 1
+            self._cv.notify_all()
+
+    def drop_layer(self, layer: int) -> int:
+        """Drop every queued request for `layer`; returns how many were dropped."""
+        with self._cv:
+            n = self._live.pop(layer, 0)
+            self._gen[layer] = self._gen.get(layer, 0) + 1
+            return n
+
+    def pop(self, block: bool = False, timeout: float | None = None) -> Prefetch | None:
+        with self._cv:
+            while True:
+                while self._heap:
+                    _, _, gen, r = heapq.heappop(self._heap)
+                    if gen == self._gen.get(r.layer, 0):
+                        self._live[r.layer] -= 1
+                        if not self._live[r.layer]:
+                            del self._live[r.layer]
+                        return r
+                if not block or self._closed:
+                    return None
+                if not self._cv.wait(timeout):
+                    return None
+
+    def clear(self) -> None:
+        with self._cv:
+            for layer in list(self._live):
+                self._gen[layer] = self._gen.get(layer, 0) + 1
+            self._live.clear()
+            self._heap.clear()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()

@@ -1,0 +1,37 @@
+"""`moespac` command line. Each subcommand lives in moespac/commands/<name>.py with `register(sub)`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from moespac.errors import MoespacError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import moespac.commands as commands
+
+    parser = argparse.ArgumentParser(prog="moespac", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"moespac.commands.{mod.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc = args.func(args)
+    except MoespacError as e:
+        print(f"moespac {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"moespac {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

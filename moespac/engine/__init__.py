@@ -1,0 +1,1 @@
+"""The real engine: hybrid device/host expert execution, expert store, speculative decoding."""

@@ -1,0 +1,72 @@
+"""Load a target and a draft by hub id or local folder (safetensors), with one-line errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from moespac.errors import MoespacError
+
+DTYPES = {"auto": "auto", "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64}
+
+
+def _from_pretrained(cls, ref: str, role: str, **kw):
+    local = Path(ref).expanduser()
+    is_local = local.exists()
+    if not is_local and (ref.startswith((".", "/", "~")) or os.sep in ref.strip("/").replace("/", "", 1)):
+        raise MoespacError(f"{role} {ref!r}: no such folder")
+    try:
+        return cls.from_pretrained(str(local) if is_local else ref, local_files_only=is_local, **kw)
+    except OSError as e:
+        if is_local:
+            raise MoespacError(f"{role} {ref!r}: not a loadable model folder ({str(e).splitlines()[0]})") from None
+        raise MoespacError(
+            f"{role} {ref!r}: not a local folder and it could not be fetched from the Hugging Face hub "
+            f"(offline or unknown id). Download it where you are online (huggingface-cli download {ref} --local-dir DIR) "
+            f"and pass DIR, or build a local pair with `moespac make-micro --out DIR` / `moespac build-proxy --out DIR`."
+        ) from None
+
+
+def load_model(ref: str, role: str = "model", dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False):
+    """Load a causal LM from a local folder or a hub id; returns the model in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise MoespacError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    model = _from_pretrained(AutoModelForCausalLM, ref, role, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    return model.to(device).eval()
+
+
+def load_tokenizer(ref: str, role: str = "tokenizer", trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    return _from_pretrained(AutoTokenizer, ref, role, trust_remote_code=trust_remote_code)
+
+
+def vocab_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def check_pair(target, draft, target_ref: str = "target", draft_ref: str = "draft") -> None:
+    """The draft must share the target's vocabulary (speculative decoding compares token ids)."""
+    from moespac.engine.hybrid import find_experts
+
+    if not find_experts(target):
+        raise MoespacError(f"target {target_ref!r} is not an MoE model: no routed experts found "
+                           f"({type(target).__name__}); pass an MoE model such as Qwen3-MoE, DeepSeek-V2 or Mixtral")
+    if draft is not None and vocab_size(draft) != vocab_size(target):
+        raise MoespacError(f"draft {draft_ref!r} vocabulary ({vocab_size(draft)}) differs from target {target_ref!r} "
+                           f"({vocab_size(target)}): speculative decoding needs a shared vocabulary")
+
+
+def load_pair(target_ref: str, draft_ref: str | None, dtype: str = "auto", device: str = "cpu",
+              trust_remote_code: bool = False):
+    """Load (target, draft or None, tokenizer) and check they fit together."""
+    target = load_model(target_ref, "target", dtype, device, trust_remote_code)
+    draft = load_model(draft_ref, "draft", dtype, device, trust_remote_code) if draft_ref else None
+    tokenizer = load_tokenizer(target_ref, "target tokenizer", trust_remote_code)
+    check_pair(target, draft, target_ref, draft_ref or "")
+    return target, draft, tokenizer

@@ -1,0 +1,189 @@
+"""The one scheduling interface: MoE-SpAc and every baseline implement it; the real engine and the
+simulator drive it the same way.
+
+The driver (engine or simulator) owns an `ExpertCache` (moespac/cache.py) and calls, per request:
+
+    placement = policy.reset(ctx)                        # initial residency, bool [L, E]
+    for each forward (prefill, then each verify or AR step):
+        requests = policy.begin_step(step, cache)        # before drafting: the link is free (SP-MoE, MoE-SpeQ)
+        for layer in 0..L-1:                             # layer = index among MoE layers
+            (queued prefetches for `layer` are dropped: their deadline passed)
+            plan = policy.plan_layer(layer, counts, cache)   # counts[e] = routing entries naming e
+            ... loads in plan.load (blocking), device experts and plan.host experts run concurrently ...
+            requests = policy.end_layer(layer, counts, cache)
+        requests = policy.end_step(step, cache)
+    whenever a slot is needed and none is free: key = policy.victim(candidates, cache)
+
+Requests returned by any hook go to one priority queue served by the copy link (higher priority first,
+FIFO among equals). A request for layer l still queued when layer l starts is dropped.
+Every activated expert runs exactly once: on the device when resident (or loaded by the plan), else
+on the host. Policies never touch tensors or clocks, so the same object serves both drivers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+from moespac.errors import MoespacError
+
+# Signals a trace or a live engine can provide; policies name what they need in `requires`.
+SIGNALS = {
+    "draft": "speculative decoding with a draft model (verify batches of gamma+1 tokens)",
+    "cross_layer_topk": "for layer l, the top-k that layer l+1's router gives on layer l's input hidden state",
+    "warmup_counts": "activation counts [L, E] of a warm-up window (static placements)",
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Shape of the routed experts: what a policy schedules."""
+
+    num_layers: int
+    """MoE layers (policies index them 0..L-1, dense layers excluded)."""
+    num_experts: int
+    """Routed experts per MoE layer."""
+    top_k: int
+    """Experts per token."""
+
+    def __post_init__(self):
+        if min(self.num_layers, self.num_experts, self.top_k) < 1 or self.top_k > self.num_experts:
+            raise MoespacError(f"invalid topology {self}")
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Per-expert unit costs in seconds; from a hardware profile or measured online."""
+
+    t_io: float = 1.0
+    """Copy one expert host->device."""
+    t_gpu: float = 0.1
+    """Run one resident expert on the device (for its batch of tokens)."""
+    t_cpu: float = 0.5
+    """Run one (token, expert) pair on the host."""
+    t_draft: float = 1.0
+    """One draft-model token."""
+    t_layer: float = 1.0
+    """Non-expert time of one target layer (attention etc.)."""
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy knows before the first step."""
+
+    topology: Topology
+    capacity: int
+    """Device expert slots in total (0 = nothing fits)."""
+    per_layer_capacity: int | None = None
+    """If set, each layer may hold at most this many experts (Mixtral-Offloading style partition)."""
+    gamma: int = 0
+    """Draft length; 0 = autoregressive decoding."""
+    batch_size: int = 1
+    """Sequences decoded together."""
+    costs: UnitCosts = field(default_factory=UnitCosts)
+    """Unit costs for cost-aware policies."""
+    signals: frozenset[str] = frozenset()
+    """Signals this run provides (keys of SIGNALS)."""
+    warmup_counts: np.ndarray | None = None
+    """[L, E] activation counts of a warm-up window, when `warmup_counts` is provided."""
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One target forward: prefill, a verification of gamma drafts, or one autoregressive token."""
+
+    index: int
+    """Step number within the request (prefill = 0)."""
+    kind: str
+    """'prefill', 'verify' or 'ar'."""
+    num_tokens: int
+    """Tokens in this forward (verify: batch x (gamma+1))."""
+    gamma: int = 0
+    """Drafted tokens per sequence in this step."""
+    signals: dict = field(default_factory=dict)
+    """Per-step signals, e.g. 'cross_layer_topk': int [L, num_tokens, k] (-1 where undefined)."""
+
+
+@dataclass
+class LayerPlan:
+    """How one layer's activated experts run."""
+
+    load: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Non-resident experts to load on demand (blocking) and then run on the device."""
+    host: np.ndarray | None = None
+    """Experts to run on the host. None = every activated expert that is neither resident nor loaded."""
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """Ask the copy link to make (layer, expert) resident before `layer` next starts."""
+
+    layer: int
+    expert: int
+    priority: float = 0.0
+    """Higher is served first; FIFO among equal priorities."""
+
+
+class CacheView(Protocol):
+    """Read-only view of device residency that policies may consult."""
+
+    resident: np.ndarray  # bool [L, E]
+    capacity: int
+    per_layer_capacity: int | None
+
+    def free_slots(self, layer: int | None = None) -> int: ...
+
+
+class Policy:
+    """Base class: defaults are 'compute misses on the host, never prefetch, evict nothing'."""
+
+    name: ClassVar[str] = "base"
+    lossless: ClassVar[bool] = True
+    """Greedy output equals the unmodified model's."""
+    needs_draft: ClassVar[bool] = False
+    """Only meaningful with speculative decoding."""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Signals (keys of SIGNALS) the policy cannot run without."""
+    source: ClassVar[str] = ""
+    """Paper, repository and commit the behaviour follows."""
+
+    def reset(self, ctx: PolicyContext) -> np.ndarray:
+        """Start a request; return the initial residency (bool [L, E], at most ctx.capacity True)."""
+        check_signals(self, ctx.signals)
+        self.ctx = ctx
+        return np.zeros((ctx.topology.num_layers, ctx.topology.num_experts), dtype=bool)
+
+    def begin_step(self, step: StepInfo, cache: CacheView) -> list[Prefetch]:
+        """Before the draft phase of a step (the copy link is idle while the draft runs)."""
+        return []
+
+    def plan_layer(self, layer: int, counts: np.ndarray, cache: CacheView) -> LayerPlan:
+        """Decide where `layer`'s activated experts run; counts[e] = routing entries that name e."""
+        return LayerPlan()
+
+    def end_layer(self, layer: int, counts: np.ndarray, cache: CacheView) -> list[Prefetch]:
+        """After `layer` computed: observe and ask for prefetches."""
+        return []
+
+    def end_step(self, step: StepInfo, cache: CacheView) -> list[Prefetch]:
+        """After the whole forward."""
+        return []
+
+    def victim(self, candidates: np.ndarray, cache: CacheView) -> tuple[int, int] | None:
+        """Choose a resident expert to evict among `candidates` (bool [L, E]); None refuses the load."""
+        return None
+
+    def describe(self) -> dict:
+        """Per-request statistics the policy wants in the result record (e.g. tau per layer)."""
+        return {}
+
+
+def check_signals(policy: Policy, available) -> None:
+    """Fail with the name of the first signal the policy needs and the run does not provide."""
+    if policy.needs_draft and "draft" not in available:
+        raise MoespacError(f"policy {policy.name!r} needs signal 'draft' ({SIGNALS['draft']}), which this run lacks")
+    for s in policy.requires:
+        if s not in available:
+            raise MoespacError(f"policy {policy.name!r} needs signal {s!r} ({SIGNALS.get(s, '?')}), which this run lacks")

@@ -1,0 +1,221 @@
+"""Activation traces: what the engine saw, per target forward, for the scheduler, simulator and tables.
+
+On disk: one `.npz` (compressed) with a JSON `meta` entry carrying `schema_version` and the model spec.
+Per step s (a target forward: prefill, verify or AR), `step_tokens[s]` tokens were run; their routing
+rows are the next `step_tokens[s]` rows of `topk_ids` / `topk_weights` ([N, L, k], N = sum of tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from moespac.atomic import atomic_path
+from moespac.errors import MoespacError
+from moespac.policy import Topology
+
+SCHEMA_VERSION = 1
+KINDS = ("prefill", "verify", "ar")
+
+_STEP_ARRAYS = {  # name -> dtype; one entry per step
+    "step_kind": np.int8,  # index into KINDS
+    "step_request": np.int32,  # request (prompt) index
+    "step_tokens": np.int32,  # tokens in this target forward
+    "step_gamma": np.int16,  # drafted tokens per sequence (0 for prefill / AR)
+    "step_accepted": np.int16,  # accepted drafts summed over the batch (0 for prefill / AR)
+    "step_emitted": np.int32,  # new tokens this step produced
+    "step_draft_s": np.float64,  # measured drafting time
+    "step_target_s": np.float64,  # measured target forward time
+}
+
+
+@dataclass
+class Trace:
+    """An activation trace in memory (see module docstring for the layout)."""
+
+    meta: dict
+    steps: dict[str, np.ndarray]
+    topk_ids: np.ndarray  # int16 [N, L, k]
+    topk_weights: np.ndarray  # float16 [N, L, k]
+    cross_topk: np.ndarray | None = None  # int16 [N, L, k]; layer l+1's router on layer l's input; -1 at the last layer
+    layer_expert_s: np.ndarray | None = None  # float32 [S, L]: measured expert time per layer
+    _offsets: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def topology(self) -> Topology:
+        t = self.meta["topology"]
+        return Topology(t["num_layers"], t["num_experts"], t["top_k"])
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps["step_tokens"])
+
+    def offsets(self) -> np.ndarray:
+        if self._offsets is None:
+            self._offsets = np.concatenate([[0], np.cumsum(self.steps["step_tokens"], dtype=np.int64)])
+        return self._offsets
+
+    def step_ids(self, s: int) -> np.ndarray:
+        """Routing ids of step s: int [tokens, L, k]."""
+        o = self.offsets()
+        return self.topk_ids[o[s]:o[s + 1]]
+
+    def step_cross(self, s: int) -> np.ndarray | None:
+        if self.cross_topk is None:
+            return None
+        o = self.offsets()
+        return self.cross_topk[o[s]:o[s + 1]]
+
+    def step_counts(self, s: int) -> np.ndarray:
+        """Activation counts of step s: int [L, E]."""
+        ids = self.step_ids(s).astype(np.int64)
+        L, E = self.topology.num_layers, self.topology.num_experts
+        flat = ids.transpose(1, 0, 2).reshape(L, -1) + (np.arange(L)[:, None] * E)
+        return np.bincount(flat.ravel(), minlength=L * E).reshape(L, E)
+
+    def kind(self, s: int) -> str:
+        return KINDS[int(self.steps["step_kind"][s])]
+
+    def signals(self) -> frozenset[str]:
+        out = set()
+        if (self.steps["step_gamma"] > 0).any():
+            out.add("draft")
+        if self.cross_topk is not None:
+            out.add("cross_layer_topk")
+        return frozenset(out)
+
+    def trace_id(self) -> str:
+        return self.meta.get("trace_id", "")
+
+    # -- validation --------------------------------------------------------------------------------
+    def validate(self, where: str = "trace") -> "Trace":
+        m = self.meta
+        if m.get("schema_version") != SCHEMA_VERSION:
+            raise MoespacError(f"{where}: schema_version {m.get('schema_version')!r}, this moespac reads {SCHEMA_VERSION}")
+        for key in ("topology", "model_spec"):
+            if key not in m:
+                raise MoespacError(f"{where}: meta lacks {key!r}")
+        topo = self.topology
+        for name, dtype in _STEP_ARRAYS.items():
+            if name not in self.steps:
+                raise MoespacError(f"{where}: missing array {name!r}")
+        S = len(self.steps["step_tokens"])
+        for name in _STEP_ARRAYS:
+            if len(self.steps[name]) != S:
+                raise MoespacError(f"{where}: {name} has {len(self.steps[name])} entries, expected {S} steps")
+        N = int(self.steps["step_tokens"].sum())
+        shape = (N, topo.num_layers, topo.top_k)
+        if self.topk_ids.shape != shape:
+            raise MoespacError(f"{where}: topk_ids shape {self.topk_ids.shape}, expected {shape} (truncated?)")
+        if self.topk_weights.shape != shape:
+            raise MoespacError(f"{where}: topk_weights shape {self.topk_weights.shape}, expected {shape}")
+        if self.cross_topk is not None and self.cross_topk.shape != shape:
+            raise MoespacError(f"{where}: cross_topk shape {self.cross_topk.shape}, expected {shape}")
+        if self.layer_expert_s is not None and self.layer_expert_s.shape != (S, topo.num_layers):
+            raise MoespacError(f"{where}: layer_expert_s shape {self.layer_expert_s.shape}, expected {(S, topo.num_layers)}")
+        if N and (self.topk_ids.min() < 0 or self.topk_ids.max() >= topo.num_experts):
+            raise MoespacError(f"{where}: expert id outside [0, {topo.num_experts})")
+        batch = int(m.get("batch_size", 1))
+        if (self.steps["step_accepted"] > self.steps["step_gamma"].astype(np.int64) * batch).any():
+            raise MoespacError(f"{where}: a step accepted more drafts than it drafted")
+        if (self.steps["step_kind"] < 0).any() or (self.steps["step_kind"] >= len(KINDS)).any():
+            raise MoespacError(f"{where}: unknown step kind")
+        return self
+
+    # -- io --------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        arrays = dict(self.steps)
+        arrays["topk_ids"] = self.topk_ids.astype(np.int16)
+        arrays["topk_weights"] = self.topk_weights.astype(np.float16)
+        if self.cross_topk is not None:
+            arrays["cross_topk"] = self.cross_topk.astype(np.int16)
+        if self.layer_expert_s is not None:
+            arrays["layer_expert_s"] = self.layer_expert_s.astype(np.float32)
+        meta = dict(self.meta, schema_version=SCHEMA_VERSION)
+        arrays["meta"] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez_compressed(f, **arrays)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read and validate a trace; a truncated, corrupt or wrong-version file fails with a clear error."""
+    path = Path(path)
+    if not path.exists():
+        raise MoespacError(f"trace {path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+        raise MoespacError(f"trace {path}: unreadable or truncated ({type(e).__name__}: {e})") from None
+    if "meta" not in data:
+        raise MoespacError(f"trace {path}: no meta entry (not a moespac trace)")
+    try:
+        meta = json.loads(bytes(data.pop("meta")).decode())
+    except ValueError:
+        raise MoespacError(f"trace {path}: meta is not valid JSON") from None
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise MoespacError(f"trace {path}: schema_version {meta.get('schema_version')!r}, this moespac reads {SCHEMA_VERSION}")
+    missing = [k for k in list(_STEP_ARRAYS) + ["topk_ids", "topk_weights"] if k not in data]
+    if missing:
+        raise MoespacError(f"trace {path}: missing arrays {missing}")
+    steps = {k: data[k].astype(_STEP_ARRAYS[k]) for k in _STEP_ARRAYS}
+    return Trace(meta=meta, steps=steps, topk_ids=data["topk_ids"], topk_weights=data["topk_weights"],
+                 cross_topk=data.get("cross_topk"), layer_expert_s=data.get("layer_expert_s")).validate(f"trace {path}")
+
+
+class TraceRecorder:
+    """Collects steps while the engine runs; `finish()` returns a validated Trace."""
+
+    def __init__(self, topology: Topology, model_spec: dict, meta: dict | None = None, cross_layer: bool = True):
+        self.topology = topology
+        self.meta = dict(meta or {}, topology=topology.__dict__, model_spec=model_spec)
+        self.cross_layer = cross_layer
+        self.steps: dict[str, list] = {k: [] for k in _STEP_ARRAYS}
+        self._ids: list[np.ndarray] = []
+        self._w: list[np.ndarray] = []
+        self._cross: list[np.ndarray] = []
+        self._layer_s: list[np.ndarray] = []
+        self._cur: dict | None = None
+
+    def begin(self, kind: str, request: int, num_tokens: int, gamma: int = 0) -> None:
+        L, k = self.topology.num_layers, self.topology.top_k
+        self._cur = dict(kind=KINDS.index(kind), request=request, tokens=num_tokens, gamma=gamma,
+                         ids=np.full((num_tokens, L, k), -1, np.int16), w=np.zeros((num_tokens, L, k), np.float16),
+                         cross=np.full((num_tokens, L, k), -1, np.int16), layer_s=np.zeros(L, np.float32))
+
+    def layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, cross: np.ndarray | None, seconds: float) -> None:
+        c = self._cur
+        if c is None:
+            return
+        c["ids"][:, layer] = ids
+        c["w"][:, layer] = weights
+        if cross is not None:
+            c["cross"][:, layer] = cross
+        c["layer_s"][layer] = seconds
+
+    def end(self, accepted: int, emitted: int, draft_s: float, target_s: float) -> None:
+        c, self._cur = self._cur, None
+        if (c["ids"] < 0).any():
+            raise MoespacError("trace recorder: a layer reported no routing for this step (hook not installed?)")
+        for name, val in (("step_kind", c["kind"]), ("step_request", c["request"]), ("step_tokens", c["tokens"]),
+                          ("step_gamma", c["gamma"]), ("step_accepted", accepted), ("step_emitted", emitted),
+                          ("step_draft_s", draft_s), ("step_target_s", target_s)):
+            self.steps[name].append(val)
+        self._ids.append(c["ids"])
+        self._w.append(c["w"])
+        self._cross.append(c["cross"])
+        self._layer_s.append(c["layer_s"])
+
+    def finish(self, **extra_meta) -> Trace:
+        L, k = self.topology.num_layers, self.topology.top_k
+        cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros((0, L, k), dt)  # noqa: E731
+        steps = {n: np.asarray(v, dtype=_STEP_ARRAYS[n]) for n, v in self.steps.items()}
+        meta = dict(self.meta, **extra_meta, schema_version=SCHEMA_VERSION)
+        return Trace(meta=meta, steps=steps, topk_ids=cat(self._ids, np.int16), topk_weights=cat(self._w, np.float16),
+                     cross_topk=cat(self._cross, np.int16) if self.cross_layer else None,
+                     layer_expert_s=np.stack(self._layer_s) if self._layer_s else np.zeros((0, L), np.float32)).validate()
