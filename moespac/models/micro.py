@@ -65,6 +65,8 @@ def build_micro(arch: str = "qwen3_moe", vocab_size: int = 320, seed: int = 0, d
                 p.normal_(0.0, 0.5)
     torch.manual_seed(seed + 1)
     draft = AutoModelForCausalLM.from_config(draft_config(vocab), dtype=dtype)
+    if dtype == torch.float64:  # grouped_mm has no fp64 kernel; eager is the stock fallback
+        target.set_experts_implementation("eager")
     for m in (target, draft):
         m.generation_config.eos_token_id = tokenizer.eos_token_id
         m.generation_config.pad_token_id = tokenizer.pad_token_id

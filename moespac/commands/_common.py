@@ -1,0 +1,83 @@
+"""Argument builders and setup shared by the engine commands (one place, like exllamav2's model_init)."""
+
+from __future__ import annotations
+
+import argparse
+
+from moespac.errors import MoespacError
+
+
+def floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_model_args(p: argparse.ArgumentParser, draft_required: bool = False) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--target", required=True, help="target MoE model: local folder or hub id")
+    g.add_argument("--draft", required=draft_required, default=None,
+                   help="draft model (local folder or hub id); omit for autoregressive decoding")
+    g.add_argument("--dtype", default="auto", help="auto, fp32, bf16, fp16 or fp64")
+    g.add_argument("--device", default=None, help="device for non-expert weights and the expert cache (default: cuda if available)")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub (off by default)")
+
+
+def add_engine_args(p: argparse.ArgumentParser, gamma_default: int = 8) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--policy", default="lru", help="scheduling policy, name[:key=value,...] (see `moespac policy list`)")
+    g.add_argument("--gamma", type=int, default=gamma_default, help="draft length")
+    g.add_argument("--cache-ratio", type=float, default=0.5, help="device expert slots / all routed experts, in [0, 1]")
+    g.add_argument("--cache-gib", type=float, default=None, help="device expert cache in GiB (overrides --cache-ratio)")
+    g.add_argument("--per-layer-cache", action="store_true", help="partition slots per layer instead of one global pool")
+    g.add_argument("--copy-mode", default="async", choices=["async", "sync"], help="prefetch worker thread or synchronous copies")
+
+
+def check_engine_args(args) -> None:
+    """Validate before any model is loaded, so bad input fails fast and writes nothing."""
+    if getattr(args, "draft", None) and args.gamma < 1:
+        raise MoespacError(f"--gamma {args.gamma} must be >= 1")
+    if not 0.0 <= args.cache_ratio <= 1.0:
+        raise MoespacError(f"--cache-ratio {args.cache_ratio} outside [0, 1]")
+
+
+def default_device(device: str | None) -> str:
+    import torch
+
+    if device:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise MoespacError(f"--device {device}: CUDA is not available on this machine")
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_models(args):
+    """Load target (on CPU: the runtime moves non-expert weights), draft and tokenizer; check the pair."""
+    from moespac.models.loading import load_pair
+
+    device = default_device(args.device)
+    target, draft, tok = load_pair(args.target, args.draft, args.dtype, "cpu", args.trust_remote_code)
+    if draft is not None:
+        draft = draft.to(device)
+    return target, draft, tok, device
+
+
+def make_runtime(args, target, device):
+    """HybridRuntime over `target` with the policy and cache from args; moves non-expert weights to device."""
+    from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
+    from moespac.registry import make_policy
+
+    policy = make_policy(args.policy)
+    cfg = RuntimeConfig(cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, per_layer=args.per_layer_cache,
+                        copy_mode=args.copy_mode)
+    runtime = HybridRuntime(target, policy, cfg, device=device)
+    target.to(device)
+    return runtime

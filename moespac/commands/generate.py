@@ -1,0 +1,81 @@
+"""`moespac generate`: one prompt through the real engine; prints text and speed, writes record and trace."""
+
+from __future__ import annotations
+
+from moespac.commands._common import add_engine_args, add_model_args, check_engine_args, load_models, make_runtime
+from moespac.errors import MoespacError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate with speculative decoding over the hybrid expert engine")
+    add_model_args(p)
+    add_engine_args(p)
+    p.add_argument("--prompt", required=True, help="prompt text (the chat template is applied if the tokenizer has one)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--greedy", action="store_true", help="greedy decoding (default: sample at --temperature)")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the result record here")
+    p.add_argument("--trace", default=None, help="write the activation trace (.npz) here")
+    p.set_defaults(func=run)
+
+
+def encode_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
+    if not raw and getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+    return tokenizer.encode(text)
+
+
+def run(args) -> int:
+    from moespac.engine.speculative import Sampling, generate
+    from moespac.models.registry import spec_from_config
+    from moespac.record import make_record, write_record
+    from moespac.trace import TraceRecorder
+
+    check_engine_args(args)
+    if args.max_new_tokens < 1:
+        raise MoespacError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+    sampling = Sampling(temperature=0.0 if args.greedy else args.temperature, seed=args.seed)
+    target, draft, tok, device = load_models(args)
+    runtime = make_runtime(args, target, device)
+    spec = spec_from_config(target.config, name=args.target)
+    if args.trace:
+        runtime.recorder = TraceRecorder(runtime.topology, spec.to_dict(), meta=dict(
+            target=args.target, draft=args.draft, gamma=args.gamma if draft is not None else 0, batch_size=1,
+            policy=args.policy, cache_ratio=args.cache_ratio))
+    prompt = encode_prompt(tok, args.prompt, args.raw)
+    signals = {"draft"} if draft is not None else set()
+    try:
+        runtime.start_request(gamma=args.gamma if draft is not None else 0, signals=signals)
+        res = generate(target, prompt, draft=draft, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                       sampling=sampling, runtime=runtime, eos_token_id=tok.eos_token_id)
+    finally:
+        runtime.close()
+    stats = runtime.stats()
+    print(tok.decode(res.tokens, skip_special_tokens=True))
+    print("---")
+    print(f"tokens/s {res.tokens_per_second:.2f} (measured, decode)   new tokens {len(res.tokens)}   "
+          f"prefill {res.prefill_s:.3f}s   decode {res.decode_s:.3f}s")
+    if draft is not None:
+        print(f"acceptance rate {res.acceptance_rate:.3f} ({res.accepted}/{res.drafted} drafts, gamma {args.gamma})")
+    print(f"cache hit rate {stats['hit_rate']:.3f}   hits {stats['hits']}   on-demand loads {stats['loads']}   "
+          f"host-computed experts {stats['host']}   prefetched {stats['prefetched']}   "
+          f"bytes copied {stats['bytes_copied']}   slots {stats['capacity']}   policy {stats['policy']}")
+    tau = stats["policy_stats"].get("tau_per_layer")
+    if tau is not None:
+        print("tau per layer " + " ".join(f"{t:.2f}" if isinstance(t, float) else str(t) for t in tau))
+    if args.trace:
+        trace = runtime.recorder.finish(trace_id=f"generate-{args.policy}-{args.seed}")
+        trace.save(args.trace)
+        print(f"trace: {args.trace} ({trace.num_steps} steps)")
+    if args.json:
+        config = dict(target=args.target, draft=args.draft, policy=args.policy, gamma=args.gamma,
+                      cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, per_layer=args.per_layer_cache,
+                      copy_mode=args.copy_mode, max_new_tokens=args.max_new_tokens, sampling=sampling.__dict__,
+                      device=device, dtype=args.dtype)
+        write_record(args.json, make_record("generate", "measured", config, dict(res.summary(), **stats),
+                                            model_spec=spec.to_dict(), trace=args.trace))
+        print(f"record: {args.json}")
+    return 0
