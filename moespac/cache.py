@@ -79,6 +79,7 @@ class ExpertCache:
         self.occupied = np.zeros(L, dtype=np.int64)  # resident + loading, per layer
         self._free = list(range(capacity - 1, -1, -1))
         self.counters = CacheCounters()
+        self.requesting: tuple[int, int] | None = None  # the (layer, expert) a slot is sought for, during policy.victim
 
     # -- queries ---------------------------------------------------------------------------------
     def free_slots(self, layer: int | None = None) -> int:
@@ -122,7 +123,9 @@ class ExpertCache:
             cand = self.evictable(layer)
             if policy is None or not cand.any():
                 return None
+            self.requesting = (layer, expert)  # per-layer policies evict within the requesting layer
             key = policy.victim(cand, self)
+            self.requesting = None
             if key is None:
                 return None
             vl, ve = int(key[0]), int(key[1])

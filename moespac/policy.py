@@ -132,6 +132,7 @@ class CacheView(Protocol):
     resident: np.ndarray  # bool [L, E]
     capacity: int
     per_layer_capacity: int | None
+    requesting: tuple[int, int] | None  # during victim(): the (layer, expert) that needs the slot
 
     def free_slots(self, layer: int | None = None) -> int: ...
 

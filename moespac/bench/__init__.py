@@ -1,0 +1,1 @@
+"""Benchmarks: the seven prompt sets of the paper (datasets.py) and the run harness."""
