@@ -1,0 +1,115 @@
+"""Scheduler metrics from activation traces (pure numpy): the paper's Fig. 4, App. A.1, B.1 and C.2 figures.
+
+Every function takes a moespac.trace.Trace or activation counts int [S, L, E] (one row per target forward,
+counts = (token, top-k slot) entries naming each expert).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moespac.cache import CacheCounters
+from moespac.errors import MoespacError
+from moespac.scheduler.config import MoESpAcConfig
+from moespac.scheduler.estimator import UtilityEstimator
+from moespac.trace import Trace
+
+
+def step_counts(trace: Trace, kinds=("verify", "ar"), accepted_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Counts [S', L, E] and tokens [S'] of the trace's steps of `kinds` (prefill is left out by default).
+
+    accepted_only keeps, in verify steps, the first accepted + 1 tokens (the previous step's token and
+    the accepted drafts); it needs batch size 1, because the trace sums acceptances over the batch.
+    """
+    if accepted_only and int(trace.meta.get("batch_size", 1)) != 1:
+        raise MoespacError("accepted-only counts need a batch-size-1 trace (step_accepted is summed over the batch)")
+    L, E = trace.topology.num_layers, trace.topology.num_experts
+    rows, tokens = [], []
+    for s in range(trace.num_steps):
+        if trace.kind(s) not in kinds:
+            continue
+        ids = trace.step_ids(s).astype(np.int64)
+        if accepted_only and trace.kind(s) == "verify":
+            ids = ids[:int(trace.steps["step_accepted"][s]) + 1]
+        flat = (ids + np.arange(L)[None, :, None] * E).ravel()
+        rows.append(np.bincount(flat, minlength=L * E).reshape(L, E))
+        tokens.append(len(ids))
+    counts = np.stack(rows).astype(np.int32) if rows else np.zeros((0, L, E), np.int32)
+    return counts, np.asarray(tokens, dtype=np.int64)
+
+
+def _counts(source) -> np.ndarray:
+    counts = step_counts(source)[0] if isinstance(source, Trace) else np.asarray(source)
+    if counts.ndim != 3:
+        raise MoespacError(f"activation counts must be [steps, layers, experts], got shape {counts.shape}")
+    return counts
+
+
+def hot_cold_accuracy(source, config: MoESpAcConfig | None = None, gamma: int | None = None, tau: int = 1) -> dict:
+    """Online hot/cold prediction accuracy (paper Fig. 4, tau = 1, averaged over layers).
+
+    Per step: predicted hot = u >= tau before the step, actual hot = activated in the step; accuracy =
+    share of experts classified correctly. The estimator runs with `config` (default: the paper variant);
+    gamma defaults to the trace's draft length, else 8.
+    """
+    counts = _counts(source)
+    cfg = (config or MoESpAcConfig()).resolved()
+    if gamma is None:
+        gamma = int(source.steps["step_gamma"].max()) if isinstance(source, Trace) and source.num_steps else 8
+    S, L, E = counts.shape
+    freq = counts
+    if cfg.decoding == "ar":  # f = counts summed over the last ar_window steps
+        c = np.cumsum(counts, 0, dtype=np.int64)
+        freq = c - np.concatenate([np.zeros((cfg.ar_window, L, E), np.int64), c[:-cfg.ar_window]])[:S]
+        gamma = cfg.ar_window - 1
+    est = UtilityEstimator.from_config(cfg, L, E, gamma)
+    correct = np.empty((S, L))
+    for s in range(S):
+        correct[s] = ((est.u >= tau) == (counts[s] > 0)).mean(1)
+        est.update(freq[s])
+    return dict(accuracy=float(correct.mean()) if S else float("nan"), per_step=correct.mean(1),
+                per_layer=correct.mean(0))
+
+
+def smape(source, include_idle: bool = True) -> float:
+    """Mean sMAPE of consecutive frequencies, 2|f_t - f_{t-1}| / (f_t + f_{t-1}) (paper App. B.1).
+
+    Pairs where both frequencies are zero score 0, as the paper assigns; include_idle=False leaves them
+    out of the mean instead.
+    """
+    f = _counts(source).astype(np.float64)
+    prev, cur = f[:-1], f[1:]
+    den = prev + cur
+    val = np.divide(2 * np.abs(cur - prev), den, out=np.zeros_like(den), where=den > 0)
+    if not include_idle:
+        val = val[den > 0]
+    return float(val.mean()) if val.size else float("nan")
+
+
+def expert_cost_ratio(source, top_k: int | None = None, tokens: np.ndarray | None = None) -> dict:
+    """Expert cost ratio a/b of App. A.1 (T_SD = a N (...) L + gamma T_D, T_AR = b N (...) L gamma).
+
+    a N = distinct experts a verify step touches in a layer, b N = those one AR token touches (top_k),
+    so a/b = mean distinct experts per (step, layer) / top_k; SD pays off when a/b < Omega. Read this way
+    a/b >= 1, while the paper reports 0.23-0.76, so `per_token` also gives the distinct experts per
+    (token, slot) entry, distinct / (tokens * top_k), which does lie in (0, 1].
+    """
+    counts = _counts(source)
+    if isinstance(source, Trace):
+        top_k = top_k or source.topology.top_k
+        if tokens is None:
+            tokens = step_counts(source)[1]
+    if top_k is None:
+        raise MoespacError("expert_cost_ratio needs top_k for plain count arrays")
+    distinct = (counts > 0).sum(-1)  # [S, L]
+    tokens = counts.sum(-1)[:, 0] / top_k if tokens is None else np.asarray(tokens, dtype=np.float64)
+    return dict(a_over_b=float(distinct.mean() / top_k),
+                per_token=float(distinct.sum() / (counts.shape[1] * top_k * tokens.sum())),
+                distinct_mean=float(distinct.mean()))
+
+
+def cache_summary(counters: CacheCounters | dict) -> dict:
+    """GPU expert-cache hit rate and the share of activated experts computed on the CPU (App. C.2)."""
+    d = counters.to_dict() if isinstance(counters, CacheCounters) else dict(counters)
+    n = d["hits"] + d["loads"] + d["host"]
+    return dict(activations=n, hit_rate=d["hits"] / n if n else 0.0, cpu_share=d["host"] / n if n else 0.0)
