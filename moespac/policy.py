@@ -34,6 +34,7 @@ SIGNALS = {
     "draft": "speculative decoding with a draft model (verify batches of gamma+1 tokens)",
     "cross_layer_topk": "for layer l, the top-k that layer l+1's router gives on layer l's input hidden state",
     "warmup_counts": "activation counts [L, E] of a warm-up window (static placements)",
+    "future": "the whole request's routing ahead of time (only the simulator has it: offline oracle)",
 }
 
 

@@ -1,0 +1,166 @@
+"""Offline oracle: furthest-next-use (Belady) eviction, prefetch in next-use order, host when cheaper.
+
+A reference point for the simulator only: it reads the request's whole future (signal 'future', given
+by `bind_trace` before `reset`), which no real run has, so in the engine `check_signals` fails naming it.
+
+- Eviction: the candidate whose next use is furthest away (never used again first).
+- Prefetch (`prefetch=True`): after each layer, ask for every non-resident expert used within the next
+  L layer visits (the requests of a layer expire when it starts, so nothing further is worth asking),
+  soonest first, restricted to the `capacity` experts with the soonest next use so a copy never evicts
+  an expert needed before the one it brings, and (costs bound, host allowed) to experts that will run
+  faster on the device than on the host.
+- Placement (`host=True` and costs bound): per layer, among the splits "the b most device-favoured
+  experts on the device, the rest on the host" (b = 0..n, misses loaded on demand), take the one of
+  least layer time under the simulator's own cost numbers; all-host (b = 0) is one of them. With
+  `host=False` every miss is loaded on demand (device only), like lru.
+
+It is a strong heuristic, not a proven optimum: with prefetching, a copy it starts can delay a later
+layer (an in-flight copy is waited for). The provable statements are in tests/test_sim_bounds.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch
+
+
+class Oracle(Policy):
+    name = "oracle"
+    lossless = True
+    requires = ("future",)
+    source = "reference: Belady (1966) furthest-next-use eviction with lookahead prefetch; simulator only"
+
+    def __init__(self, prefetch: bool = True, host: bool = True):
+        self.prefetch, self.host = bool(prefetch), bool(host)
+        self.counts = None
+
+    def bind_trace(self, counts: np.ndarray, device_by_count=None, host_by_count=None, hidden=None,
+                   load: float | None = None, serial: bool = False) -> None:
+        """The request's future: counts int [S, L, E] per step index, and (optionally) the simulator's costs:
+        expert time on device / host by routing count, hidden transfer per step, one copy, serial mode."""
+        self.counts = np.asarray(counts)
+        self.dev_cost = None if device_by_count is None else np.asarray(device_by_count, dtype=np.float64)
+        self.host_cost = None if host_by_count is None else np.asarray(host_by_count, dtype=np.float64)
+        self.hidden = None if hidden is None else np.asarray(hidden, dtype=np.float64)
+        self.load_s, self.serial = load, bool(serial)
+
+    def reset(self, ctx: PolicyContext) -> np.ndarray:
+        placement = super().reset(ctx)
+        if self.counts is None:
+            raise RuntimeError("oracle: bind_trace() must be called before reset()")
+        S, L, E = self.counts.shape
+        # next_step[s, l, e] = first step >= s that activates (l, e); S = never (row S is all "never")
+        active_at = np.where(self.counts > 0, np.arange(S)[:, None, None], S)
+        self.next_step = np.concatenate([np.minimum.accumulate(active_at[::-1], axis=0)[::-1],
+                                         np.full((1, L, E), S)], axis=0)
+        self.requested = np.zeros((L, E), dtype=bool)
+        self.s, self.layer = 0, -1
+        # the initial placement is free (made before the request): the soonest-needed experts
+        return placement | self._soonest(self._keys())
+
+    # -- the future --------------------------------------------------------------------------------
+    def _next_use(self) -> np.ndarray:
+        """int [L, E]: position (step * L + layer) of each expert's next use after the current layer."""
+        L = self.next_step.shape[1]
+        later = np.arange(L)[:, None] > self.layer
+        step = np.where(later, self.next_step[self.s], self.next_step[min(self.s + 1, len(self.next_step) - 1)])
+        return step * L + np.arange(L)[:, None]
+
+    def _keys(self) -> np.ndarray:
+        """int [L, E] sort keys: next use, then expert id (unique, so ties break the same way every time);
+        experts never used again, or not worth a device slot, get keys >= self.never."""
+        nxt = self._next_use()
+        L, E = nxt.shape
+        keys = nxt * E + np.arange(E)[None, :]
+        self.never = len(self.next_step) * L * E  # above any real use's key
+        useless = (nxt >= (len(self.next_step) - 1) * L) | ~self._worth(nxt)
+        return np.where(useless, keys + self.never, keys)
+
+    def victim(self, candidates, cache):
+        if not candidates.any():
+            return None
+        keys = np.where(candidates, self._keys(), -1)
+        return divmod(int(np.argmax(keys)), keys.shape[1])
+
+    def _window(self, cache) -> list[Prefetch]:
+        """Prefetches for the non-resident experts used in the next L layer visits that are among the
+        `capacity` soonest-needed ones (and worth a slot), soonest first."""
+        if not self.prefetch or self.ctx.capacity == 0:
+            return []
+        L, E = self.requested.shape
+        keys = self._keys()
+        nxt = keys // E  # position of the next use (offset for the useless ones: never in the window)
+        base = self.s * L + self.layer
+        want = self._soonest(keys) & (nxt > base) & (nxt <= base + L) & ~cache.resident & ~self.requested
+        if hasattr(cache, "loading"):
+            want &= ~cache.loading
+        layers, experts = np.nonzero(want)
+        order = np.argsort(keys[layers, experts], kind="stable")
+        self.requested[layers, experts] = True
+        return [Prefetch(int(layers[i]), int(experts[i]), priority=-float(nxt[layers[i], experts[i]])) for i in order]
+
+    def _soonest(self, keys: np.ndarray) -> np.ndarray:
+        """bool [L, E]: the `capacity` useful experts with the smallest keys (per layer with a per-layer
+        capacity)."""
+        per_layer = self.ctx.per_layer_capacity
+        if per_layer is None:
+            cap = min(self.ctx.capacity, keys.size)
+            kth = np.partition(keys.ravel(), cap - 1)[cap - 1] if cap > 0 else -1
+        else:
+            cap = min(per_layer, keys.shape[1])
+            kth = np.partition(keys, cap - 1, axis=1)[:, cap - 1:cap] if cap > 0 else -1
+        return (keys <= kth) & (keys < self.never)
+
+    def _worth(self, nxt: np.ndarray) -> np.ndarray:
+        """bool [L, E]: the expert runs faster on the device than on the host at its next use (all True
+        when the oracle may not use the host or knows no costs)."""
+        if not self.host or self.dev_cost is None or self.host_cost is None:
+            return np.ones(nxt.shape, dtype=bool)
+        L = nxt.shape[0]
+        step = np.minimum(nxt // L, len(self.counts) - 1)
+        c = self.counts[step, np.arange(L)[:, None], np.arange(nxt.shape[1])[None, :]]
+        return self.host_cost[c] > self.dev_cost[c]
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def begin_step(self, step, cache):
+        self.s, self.layer = step.index, -1
+        return self._window(cache)
+
+    def plan_layer(self, layer, counts, cache) -> LayerPlan:
+        self.layer = layer
+        self.requested[layer] = False  # the driver dropped this layer's queued requests
+        active = np.flatnonzero(counts)
+        resident = cache.resident[layer, active]
+        if not self.host or self.dev_cost is None or self.host_cost is None:
+            return LayerPlan(load=active[~resident])
+        return self._best_split(layer, counts, active, resident, cache)
+
+    def _best_split(self, layer, counts, active, resident, cache) -> LayerPlan:
+        d = self.dev_cost[counts[active]]
+        h = self.host_cost[counts[active]]
+        miss = ~resident
+        load = float(self.load_s or 0.0)
+        x = float(self.hidden[self.s]) if self.hidden is not None else 0.0
+        order = np.argsort(-(h - d - load * miss), kind="stable")  # most device-favoured first
+        dev = np.r_[0.0, np.cumsum(d[order])]
+        host = h.sum() - np.r_[0.0, np.cumsum(h[order])]
+        loads = np.r_[0, np.cumsum(miss[order])]
+        host_part = host + np.where(np.arange(len(dev)) < len(active), x, 0.0)
+        layer_s = loads * load + (dev + host_part if self.serial else np.maximum(dev, host_part))
+        # a load needs a slot: a free one, or a resident expert this layer does not use
+        evictable = cache.resident.copy()
+        evictable[layer, active] = False
+        per_layer = cache.per_layer_capacity
+        only_this_layer = per_layer is not None and cache.resident[layer].sum() >= per_layer
+        slots = cache.free_slots(layer) + int(evictable[layer].sum() if only_this_layer else evictable.sum())
+        layer_s = np.where(loads <= slots, layer_s, np.inf)
+        b = int(np.argmin(layer_s))  # first minimum: fewest experts moved to the device
+        on_device = active[order[:b]]
+        return LayerPlan(load=on_device[~cache.resident[layer, on_device]], host=active[order[b:]])
+
+    def end_layer(self, layer, counts, cache):
+        return self._window(cache)
+
+    def describe(self) -> dict:
+        return {"prefetch": self.prefetch, "host": self.host}

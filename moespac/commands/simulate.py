@@ -1,0 +1,73 @@
+"""`moespac simulate`: replay a trace through a policy on a hardware profile (timing: simulated)."""
+
+from __future__ import annotations
+
+import argparse
+
+from moespac.atomic import write_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="replay an activation trace through a policy on a hardware profile",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--trace", required=True, help="trace file (.npz)")
+    p.add_argument("--policy", required=True, help="policy, name[:key=value,...]")
+    p.add_argument("--hardware", required=True, help="built-in profile name (rtx4090-pcie4, a100-80gb-pcie4, "
+                   "rtx4060-8gb, h200) or a profile YAML path")
+    p.add_argument("--model-spec", default="trace",
+                   help="registry name or model folder whose expert sizes are simulated, or 'trace' (its own spec)")
+    p.add_argument("--draft-spec", default=None,
+                   help="draft registry name or model folder (default: the trace's draft, else qwen3-4b-fp8)")
+    p.add_argument("--cache-ratio", type=float, default=None,
+                   help="device expert slots / (MoE layers x experts); default: what fits in device memory")
+    p.add_argument("--cache-gib", type=float, default=None, help="device expert cache in GiB (overrides --cache-ratio)")
+    p.add_argument("--per-layer-cache", action="store_true", help="partition the slots evenly per layer")
+    p.add_argument("--expert-dtype", default=None, help="expert weight dtype for copy sizes (default: the spec's)")
+    p.add_argument("--allow-topology-mismatch", action="store_true",
+                   help="map trace layers/experts onto the spec by modulo when they differ (recorded)")
+    p.add_argument("--warm-cache", action="store_true", help="keep cache and policy state across requests")
+    p.add_argument("--no-bounds", action="store_true", help="skip the infinite-cache bound and the oracle")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the result record here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from moespac.sim.simulate import SimConfig, simulate
+
+    cfg = SimConfig(trace=args.trace, policy=args.policy, hardware=args.hardware, model_spec=args.model_spec,
+                    draft_spec=args.draft_spec, cache_ratio=args.cache_ratio, cache_gib=args.cache_gib,
+                    per_layer=args.per_layer_cache, expert_dtype=args.expert_dtype,
+                    allow_topology_mismatch=args.allow_topology_mismatch, warm_cache=args.warm_cache,
+                    bounds=not args.no_bounds)
+    record = simulate(cfg)
+    if args.json:
+        write_json(args.json, record)
+    print(summary_text(record))
+    return 0
+
+
+def summary_text(record: dict) -> str:
+    m, c = record["metrics"], record["cache"]
+    lines = [
+        f"simulated: {record['policy']['name']} on {record['profile']['name']} "
+        f"(sha256 {record['profile']['sha256'][:12]}), model {record['model_spec']}, trace {record['trace']['id'] or '?'}",
+        f"  cache {c['slots']} slots ({c['ratio']:.1%}){'' if c['fits_device_memory'] else ' - more than fits in device memory'}; "
+        f"draft {record['draft']['spec']} ({record['draft']['source']})",
+        f"  {m['tokens_per_s']:.2f} tokens/s decode, latency {m['latency_s']:.3f} s "
+        f"(prefill {m['prefill_latency_s']:.3f} s), hit rate {m['hit_rate']:.3f}, host share {m['host_share']:.3f}",
+        f"  link {m['link_bytes'] / 2**30:.2f} GiB, busy {m['link_utilisation']:.1%}",
+        "  decode time: " + ", ".join(f"{k} {v:.3f}s" for k, v in m["breakdown_decode_s"].items()),
+    ]
+    if record.get("topology_mapping"):
+        lines.append(f"  topology mapped: {record['topology_mapping']}")
+    if "bounds" in record:
+        b, d = record["bounds"], record["distance"]
+        oracle = f"{b['oracle']['tokens_per_s']:.2f} tokens/s" if b["oracle"] else "n/a (warm cache)"
+        lines.append(f"  bounds: infinite cache {b['infinite_cache']['tokens_per_s']:.2f} tokens/s (a true bound), "
+                     f"oracle {oracle} (a reference); this policy reaches "
+                     f"{_pct(d['of_infinite_cache'])} and {_pct(d['of_oracle'])} of them")
+    return "\n".join(lines)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.1%}"

@@ -1,0 +1,106 @@
+"""The host -> device copy link in simulated time, with the engine's semantics.
+
+One copy at a time. Whenever the link is idle it serves the PrefetchQueue (highest priority first, FIFO
+among equals): pop -> skip if resident or loading -> cache.reserve (the policy picks a victim; a refusal
+is counted) -> copy for `t_copy` -> cache.commit. On-demand loads wait for the copy in flight, then go
+before any queued prefetch.
+
+Events are processed lazily: `advance(now)` plays every copy start and completion up to `now`. The driver
+calls it before anything reads or changes the cache, queue or policy, so a copy that starts at t < now
+sees exactly the state the engine would have had at t (nothing else happens between driver events).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from moespac.cache import ExpertCache, PrefetchQueue
+from moespac.policy import Policy
+
+
+class CopyLink:
+    def __init__(self, cache: ExpertCache, queue: PrefetchQueue, policy: Policy, t_copy: float, expert_bytes: int):
+        self.cache, self.queue, self.policy = cache, queue, policy
+        self.t_copy, self.expert_bytes = t_copy, expert_bytes
+        self.t = 0.0  # idle since t (or busy until `done`)
+        self.inflight: tuple[int, int] | None = None
+        self.started = 0.0
+        self.done = math.inf
+        self.busy = 0.0  # seconds spent copying (prefetches and on-demand loads)
+
+    def advance(self, now: float) -> None:
+        """Play copy starts/completions up to `now`."""
+        while True:
+            if self.inflight is None and not self._start(self.t):
+                break
+            if self.done > now:
+                return
+            self._finish()
+        self.t = max(self.t, now)
+
+    def push(self, requests, now: float) -> None:
+        """Queue prefetch requests at `now`; an idle link starts on them at once."""
+        if requests:
+            self.advance(now)
+            self.queue.push(requests)
+            self.advance(now)
+
+    def wait_layer(self, layer: int, now: float) -> float:
+        """Layer `layer` starts at `now`: wait for an in-flight copy of one of its experts."""
+        self.advance(now)
+        if self.inflight is not None and self.inflight[0] == layer:
+            now = self.done
+            self._finish()  # no new copy starts here: the layer's on-demand loads would go first
+        return now
+
+    def load(self, layer: int, experts: np.ndarray, now: float) -> tuple[float, list[int]]:
+        """Blocking on-demand loads at `now`: reserve every slot first (as the engine does), then copy them
+        back to back after the copy in flight. Returns (time they are all resident, experts loaded);
+        an expert whose reservation is refused is not loaded (it runs on the host). The caller has
+        already advanced the link to `now` (wait_layer), so no queued prefetch slips in first."""
+        if self.inflight is not None:
+            now = self.done
+            self._finish()
+        self.t = max(self.t, now)
+        loaded = [int(e) for e in experts if self.cache.reserve(layer, int(e), self.policy) is not None]
+        for e in loaded:
+            self.t += self.t_copy
+            self.busy += self.t_copy
+            self.cache.commit(layer, e)
+        c = self.cache.counters
+        c.loads += len(loaded)
+        c.bytes_copied += len(loaded) * self.expert_bytes
+        return self.t, loaded
+
+    def close(self, now: float) -> None:
+        """End of a request: the copy in flight is abandoned (its cache is discarded)."""
+        self.advance(now)
+        if self.inflight is not None:
+            self.busy += now - self.started
+            self.inflight, self.done = None, math.inf
+        self.queue.clear()
+
+    def _start(self, t: float) -> bool:
+        cache = self.cache
+        while (r := self.queue.pop()) is not None:
+            layer, expert = int(r.layer), int(r.expert)
+            if cache.resident[layer, expert] or cache.loading[layer, expert]:
+                continue
+            if cache.reserve(layer, expert, self.policy) is None:
+                cache.counters.prefetch_refused += 1
+                continue
+            self.inflight, self.started, self.done = (layer, expert), t, t + self.t_copy
+            return True
+        return False
+
+    def _finish(self) -> None:
+        layer, expert = self.inflight
+        self.cache.commit(layer, expert)
+        c = self.cache.counters
+        c.prefetched += 1
+        c.bytes_copied += self.expert_bytes
+        self.busy += self.done - self.started
+        self.t = self.done
+        self.inflight, self.done = None, math.inf

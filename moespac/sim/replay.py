@@ -1,0 +1,222 @@
+"""Discrete-event replay of a trace through a Policy, with the engine's semantics and simulated time.
+
+Per step (prefill, verify or AR forward), as moespac/engine drives it:
+  begin_step -> draft phase (gamma draft forwards; the link keeps copying meanwhile) -> for each MoE layer:
+  attention; drop the layer's queued prefetches; wait for an in-flight copy of the layer; plan_layer;
+  blocking on-demand loads; device and host experts concurrently (layer expert time =
+  max(device, host + hidden transfer), or their sum when the device is the host CPU); end_layer
+  -> the rest of the forward (dense layers, LM head) -> end_step.
+The same Policy objects, ExpertCache and PrefetchQueue as the engine are used; only time is simulated.
+
+Requests (steps['step_request']) start cold by default: policy.reset and a new cache per request, as the
+engine's start_request does, so each request's numbers do not depend on which request ran before.
+`warm_cache=True` keeps cache, policy state and link across requests (a serving process).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moespac.cache import ExpertCache, PrefetchQueue
+from moespac.errors import MoespacError
+from moespac.policy import Policy, PolicyContext, StepInfo, UnitCosts
+from moespac.sim.cost import Timing
+from moespac.sim.link import CopyLink
+from moespac.sim.workload import Workload
+
+# signals the simulator can always give: it holds the whole trace
+SIM_SIGNALS = frozenset({"future"})
+BREAKDOWN = ("draft", "attention", "other", "stall", "expert", "expert_device", "expert_host")
+
+
+@dataclass
+class ReplayResult:
+    """Per-step times and per-request statistics of one replay (seconds)."""
+
+    step_time: dict[str, np.ndarray]
+    """BREAKDOWN name -> [S]; a step lasts draft + attention + other + stall + expert, where expert is
+    the wall time of the expert phases and expert_device / expert_host their busy times."""
+    step_kind: np.ndarray
+    """[S] index into moespac.trace.KINDS (0 = prefill)."""
+    requests: list[dict] = field(default_factory=list)
+    link_busy_s: float = 0.0
+
+    @property
+    def total(self) -> np.ndarray:
+        """[S] wall time of each step."""
+        t = self.step_time
+        return t["draft"] + t["attention"] + t["other"] + t["stall"] + t["expert"]
+
+    def summary(self) -> dict:
+        """Overall metrics: decode tokens/s, latency (prefill and decode apart), breakdown, cache and link."""
+        decode = self.step_kind != 0
+        totals = {}
+        for k in ("hits", "loads", "host", "prefetched", "prefetch_dropped", "prefetch_refused", "evictions",
+                  "bytes_copied", "activations"):
+            totals[k] = sum(r["counters"][k] for r in self.requests)
+        acts = totals["activations"]
+        elapsed = float(self.total.sum())
+        out = throughput(self.total, self.step_kind, [r["tokens"] for r in self.requests])
+        out.update(
+            breakdown_decode_s={k: float(v[decode].sum()) for k, v in self.step_time.items()},
+            breakdown_prefill_s={k: float(v[~decode].sum()) for k, v in self.step_time.items()},
+            hit_rate=totals["hits"] / acts if acts else 0.0, host_share=totals["host"] / acts if acts else 0.0,
+            link_bytes=totals["bytes_copied"], link_busy_s=self.link_busy_s,
+            link_utilisation=self.link_busy_s / elapsed if elapsed > 0 else 0.0, counters=totals)
+        return out
+
+
+def throughput(step_total: np.ndarray, step_kind: np.ndarray, request_tokens: list[int]) -> dict:
+    """tokens/s = tokens emitted by decode steps / decode time (prefill emits the first token and is timed
+    apart, as the engine's GenerationResult does); latency = prefill + decode, averaged over requests."""
+    decode_s = float(step_total[step_kind != 0].sum())
+    prefill_s = float(step_total[step_kind == 0].sum())
+    tokens = int(sum(request_tokens))
+    n = max(len(request_tokens), 1)
+    return dict(tokens=tokens, decode_s=decode_s, prefill_s=prefill_s,
+                tokens_per_s=tokens / decode_s if decode_s > 0 else 0.0,
+                latency_s=(prefill_s + decode_s) / n, prefill_latency_s=prefill_s / n, decode_latency_s=decode_s / n,
+                requests=len(request_tokens))
+
+
+def _layer_expert_time(timing: Timing, row, on_device, host_mask, hidden_s):
+    dev = float(timing.device_by_count[row[on_device]].sum())
+    host = float(timing.host_by_count[row[host_mask]].sum())
+    if host_mask.any():
+        host += hidden_s
+    return dev, host, (dev + host if timing.serial else max(dev, host))
+
+
+class Replay:
+    """Replays one workload through one policy; `run()` returns a ReplayResult."""
+
+    def __init__(self, workload: Workload, timing: Timing, policy: Policy, capacity: int,
+                 per_layer_capacity: int | None = None, costs: UnitCosts | None = None, warm_cache: bool = False):
+        self.w, self.timing, self.policy = workload, timing, policy
+        self.capacity, self.per_layer_capacity = capacity, per_layer_capacity
+        self.costs = costs or UnitCosts()
+        self.warm_cache = warm_cache
+        topo = workload.topology
+        if warm_cache and "future" in policy.requires:
+            raise MoespacError(f"policy {policy.name!r} reads each request's future from its first step: "
+                               "it needs cold requests (no warm_cache)")
+        if not 0 <= capacity <= topo.num_layers * topo.num_experts:
+            raise MoespacError(f"cache capacity {capacity} outside [0, {topo.num_layers * topo.num_experts}] expert slots")
+        self.now = 0.0
+        S = workload.num_steps
+        self.step_time = {k: np.zeros(S) for k in BREAKDOWN}
+
+    # -- request lifecycle -------------------------------------------------------------------------
+    def _start_request(self, steps: np.ndarray) -> None:
+        w, trace = self.w, self.w.trace
+        self.cache = ExpertCache(w.topology, self.capacity, self.per_layer_capacity, expert_bytes=self.timing.expert_bytes)
+        self.queue = PrefetchQueue()
+        self.link = CopyLink(self.cache, self.queue, self.policy, self.timing.load, self.timing.expert_bytes)
+        self.link.t = self.now
+        if "future" in self.policy.requires:
+            t = self.timing
+            self.policy.bind_trace(w.counts[steps], device_by_count=t.device_by_count, host_by_count=t.host_by_count,
+                                   hidden=t.hidden[steps], load=t.load, serial=t.serial)
+        gamma = int(w.steps["step_gamma"][steps].max()) if len(steps) else 0
+        signals = trace.signals() | SIM_SIGNALS
+        ctx = PolicyContext(w.topology, self.capacity, self.per_layer_capacity, gamma=gamma,
+                            batch_size=int(trace.meta.get("batch_size", 1) or 1), costs=self.costs, signals=signals)
+        self.cache.place(self.policy.reset(ctx))  # initial placement happens before the request (untimed)
+
+    def run(self) -> ReplayResult:
+        result = ReplayResult(step_time=self.step_time, step_kind=self.w.steps["step_kind"].copy())
+        busy_before = 0.0
+        for r, steps in enumerate(self.w.requests()):
+            if r == 0 or not self.warm_cache:
+                if r:
+                    busy_before += self.link.busy
+                self._start_request(steps)
+            before = self.cache.counters.to_dict()
+            for i, s in enumerate(steps):
+                self._step(int(s), i)
+            if not self.warm_cache:
+                self.link.close(self.now)
+            result.requests.append(self._request_summary(steps, before, self.cache.counters.to_dict()))
+        result.link_busy_s = busy_before + (self.link.busy if self.w.num_steps else 0.0)
+        return result
+
+    # -- one target forward ------------------------------------------------------------------------
+    def _step(self, s: int, index: int) -> None:
+        w, t, policy, cache, link = self.w, self.timing, self.policy, self.cache, self.link
+        steps = w.steps
+        kind = w.trace.kind(s)
+        signals = {"request": int(steps["step_request"][s])}
+        cross = w.step_cross(s)
+        if cross is not None:
+            signals["cross_layer_topk"] = cross
+        step = StepInfo(index=index, kind=kind, num_tokens=int(steps["step_tokens"][s]),
+                        gamma=int(steps["step_gamma"][s]), signals=signals)
+        now = self.now
+        link.advance(now)
+        link.push(policy.begin_step(step, cache), now)
+        now += t.draft[s]
+        counts, attention, hidden = w.counts[s], t.attention[s], t.hidden[s]
+        counters, resident, frozen = cache.counters, cache.resident, cache.frozen
+        stall = dev_busy = host_busy = expert = 0.0
+        for layer in range(w.topology.num_layers):
+            now += attention
+            link.advance(now)
+            counters.prefetch_dropped += self.queue.drop_layer(layer)
+            waited = link.wait_layer(layer, now)
+            stall += waited - now
+            now = waited
+            row = counts[layer]
+            active = row > 0
+            hit = active & resident[layer]
+            plan = policy.plan_layer(layer, row, cache)
+            frozen[layer] = hit
+            load = np.asarray(plan.load, dtype=np.int64)
+            if load.size:
+                load = load[active[load] & ~resident[layer, load] & ~cache.loading[layer, load]]
+            if load.size:
+                loaded_at, loaded = link.load(layer, load, now)
+                frozen[layer, loaded] = True
+                stall += loaded_at - now
+                now = loaded_at
+            on_device = active & resident[layer]
+            if plan.host is not None and len(plan.host):
+                on_device[np.asarray(plan.host, dtype=np.int64)] = False
+            host_mask = active & ~on_device
+            counters.hits += int(np.count_nonzero(hit & on_device))
+            counters.host += int(np.count_nonzero(host_mask))
+            d, h, wall = _layer_expert_time(t, row, on_device, host_mask, hidden)
+            dev_busy, host_busy, expert = dev_busy + d, host_busy + h, expert + wall
+            now += wall
+            link.advance(now)
+            frozen[layer] = False
+            link.push(policy.end_layer(layer, row, cache), now)
+        now += t.other[s]
+        link.advance(now)
+        link.push(policy.end_step(step, cache), now)
+        L = w.topology.num_layers
+        st = self.step_time
+        st["draft"][s], st["attention"][s], st["other"][s] = t.draft[s], L * attention, t.other[s]
+        st["stall"][s], st["expert"][s], st["expert_device"][s], st["expert_host"][s] = stall, expert, dev_busy, host_busy
+        self.now = now
+
+    def _request_summary(self, steps, before: dict, after: dict) -> dict:
+        w = self.w
+        kinds = w.steps["step_kind"][steps]
+        total = sum(self.step_time[k][steps] for k in ("draft", "attention", "other", "stall", "expert"))
+        prefill = float(total[kinds == 0].sum())
+        decode = float(total[kinds != 0].sum())
+        tokens = int(w.steps["step_emitted"][steps][kinds != 0].sum())
+        counters = {k: after[k] - before[k] for k in after if k not in ("hit_rate", "host_share")}
+        acts = counters["activations"]
+        counters["hit_rate"] = counters["hits"] / acts if acts else 0.0
+        counters["host_share"] = counters["host"] / acts if acts else 0.0
+        return dict(request=int(w.steps["step_request"][steps[0]]), steps=len(steps), prefill_s=prefill,
+                    decode_s=decode, latency_s=prefill + decode, tokens=tokens,
+                    tokens_per_s=tokens / decode if decode > 0 else 0.0, counters=counters)
+
+
+def replay(workload: Workload, timing: Timing, policy: Policy, capacity: int, **kw) -> ReplayResult:
+    """Replay `workload` through `policy` with `capacity` device expert slots."""
+    return Replay(workload, timing, policy, capacity, **kw).run()

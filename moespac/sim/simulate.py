@@ -1,0 +1,165 @@
+"""One simulated run: trace + policy + hardware profile + model spec -> a result record (timing: simulated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from moespac.errors import MoespacError
+from moespac.models.registry import ModelSpec, get_spec
+from moespac.policy import UnitCosts
+from moespac.record import make_record
+from moespac.registry import make_policy, parse_policy
+from moespac.sim.bounds import infinite_cache
+from moespac.sim.cost import CostModel
+from moespac.sim.profile import load_profile
+from moespac.sim.replay import replay
+from moespac.sim.workload import make_workload
+from moespac.trace import Trace, load_trace
+
+DEFAULT_DRAFT = "qwen3-4b-fp8"  # the paper's draft for Qwen3-30B-A3B (section 4.1)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate."""
+
+    trace: str
+    """Trace file (.npz) from the engine or a synthetic one."""
+    policy: str
+    """Scheduling policy, name[:key=value,...]."""
+    hardware: str
+    """Built-in profile name or a profile YAML path."""
+    model_spec: str = "trace"
+    """Registry name whose expert sizes are simulated, or 'trace' for the spec stored in the trace."""
+    draft_spec: str | None = None
+    """Registry name of the draft; None = the trace's draft spec if it has one, else qwen3-4b-fp8."""
+    cache_ratio: float | None = None
+    """Device expert slots / (MoE layers x experts); None = as many as fit in the profile's device memory."""
+    cache_gib: float | None = None
+    """Device expert cache in GiB (overrides cache_ratio), as the engine's --cache-gib."""
+    per_layer: bool = False
+    """Partition the slots evenly per layer (capacity // layers each), as the engine's --per-layer-cache."""
+    expert_dtype: str | None = None
+    """Dtype of expert weights (bytes per copy); None = the spec's dtype."""
+    allow_topology_mismatch: bool = False
+    """Map trace layers/experts onto the spec by modulo when the topologies differ (recorded)."""
+    warm_cache: bool = False
+    """Keep cache and policy state across requests (default: every request starts cold, like the engine)."""
+    bounds: bool = True
+    """Also compute the infinite-cache bound and the oracle, and the policy's distance to them."""
+
+    def __post_init__(self):
+        if self.cache_ratio is not None and not 0.0 <= self.cache_ratio <= 1.0:
+            raise MoespacError(f"cache_ratio {self.cache_ratio} outside [0, 1]")
+        if self.cache_gib is not None and self.cache_gib < 0:
+            raise MoespacError(f"cache_gib {self.cache_gib} must be >= 0")
+
+
+def spec_named(name: str) -> ModelSpec:
+    """A registry name, or a local model folder (its config.json, read by transformers)."""
+    folder = Path(name)
+    if (folder / "config.json").is_file():
+        from transformers import AutoConfig
+
+        from moespac.models.registry import spec_from_config
+
+        return spec_from_config(AutoConfig.from_pretrained(folder), name=str(folder))
+    return get_spec(name)
+
+
+def resolve_spec(name: str, trace: Trace) -> ModelSpec:
+    if name != "trace":
+        return spec_named(name)
+    spec = trace.meta.get("model_spec")
+    if not isinstance(spec, dict):
+        raise MoespacError(f"trace {trace.trace_id() or '?'}: meta 'model_spec' is not a model spec; name one with --model-spec")
+    try:
+        return ModelSpec.from_dict(spec)
+    except MoespacError as e:
+        raise MoespacError(f"trace {trace.trace_id() or '?'}: its model_spec is incomplete ({e}); name one with --model-spec") from None
+
+
+def resolve_draft(name: str | None, trace: Trace) -> tuple[ModelSpec | None, str]:
+    """(draft spec, where it came from)."""
+    if name:
+        return spec_named(name), "given"
+    if not (trace.steps["step_gamma"] > 0).any():
+        return None, "none (no drafted steps)"
+    if isinstance(trace.meta.get("draft_spec"), dict):
+        return ModelSpec.from_dict(trace.meta["draft_spec"]), "trace"
+    folder = trace.meta.get("draft")  # the engine records the draft's folder or hub id
+    if isinstance(folder, str) and (Path(folder) / "config.json").is_file():
+        return spec_named(folder), f"trace's draft folder {folder}"
+    return get_spec(DEFAULT_DRAFT), f"default ({DEFAULT_DRAFT}, the paper's draft)"
+
+
+def policy_costs(workload, cost: CostModel) -> UnitCosts:
+    """UnitCosts for cost-aware policies: one expert at the routing batch of a step (batch x (gamma + 1))."""
+    batch = int(workload.trace.meta.get("batch_size", 1) or 1)
+    tokens = batch * (int(workload.steps["step_gamma"].max(initial=0)) + 1)
+    return cost.unit_costs(tokens=tokens, batch=batch)
+
+
+def run_policy(workload, timing, costs: UnitCosts, policy_spec: str, capacity: int, per_layer: bool = False,
+               warm_cache: bool = False):
+    """Replay one policy; returns (policy, ReplayResult)."""
+    policy = make_policy(policy_spec)
+    per_layer_capacity = capacity // workload.topology.num_layers if per_layer else None
+    result = replay(workload, timing, policy, capacity, per_layer_capacity=per_layer_capacity, costs=costs,
+                    warm_cache=warm_cache)
+    return policy, result
+
+
+def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
+    """Run the simulation described by `cfg`; returns the result record."""
+    trace = trace if trace is not None else load_trace(cfg.trace)
+    profile = load_profile(cfg.hardware)
+    spec = resolve_spec(cfg.model_spec, trace)
+    draft, draft_source = resolve_draft(cfg.draft_spec, trace)
+    workload = make_workload(trace, spec, cfg.allow_topology_mismatch, trace_path=cfg.trace)
+    cost = CostModel(profile, spec, draft, cfg.expert_dtype)
+    timing = cost.timing(workload)
+    total = workload.topology.num_layers * workload.topology.num_experts
+    fit = cost.fit_slots()
+    if cfg.cache_gib is not None:  # as the engine sizes it
+        capacity = min(int(cfg.cache_gib * 2**30 // cost.expert_bytes), total)
+    elif cfg.cache_ratio is not None:
+        capacity = round(cfg.cache_ratio * total)
+    else:
+        capacity = min(fit, total)
+    name, options = parse_policy(cfg.policy)
+    unit = policy_costs(workload, cost)
+    policy, result = run_policy(workload, timing, unit, cfg.policy, capacity, cfg.per_layer, cfg.warm_cache)
+    metrics = result.summary()
+    extra = {}
+    if cfg.bounds:
+        bound = infinite_cache(workload, timing)
+        oracle_m = None
+        if not cfg.warm_cache:  # the oracle reads each request's future: cold requests only
+            oracle_m = run_policy(workload, timing, unit, "oracle", capacity, cfg.per_layer)[1].summary()
+            oracle_m = {k: oracle_m[k] for k in ("tokens_per_s", "decode_s", "prefill_s", "latency_s", "hit_rate",
+                                                 "host_share", "link_bytes")}
+        extra["bounds"] = {"infinite_cache": bound, "oracle": oracle_m}
+        tps = metrics["tokens_per_s"]
+        extra["distance"] = {  # share of the bound's throughput the policy reaches (1 = matches it)
+            "of_infinite_cache": tps / bound["tokens_per_s"] if bound["tokens_per_s"] else None,
+            "of_oracle": tps / oracle_m["tokens_per_s"] if oracle_m and oracle_m["tokens_per_s"] else None}
+    config = dict(trace_id=trace.trace_id(), policy=name, policy_options=options, hardware=profile.name,
+                  hardware_sha256=profile.sha256, model_spec=spec.name, draft_spec=draft.name if draft else None,
+                  cache_slots=capacity, per_layer=cfg.per_layer, expert_dtype=cost.expert_dtype,
+                  allow_topology_mismatch=cfg.allow_topology_mismatch, warm_cache=cfg.warm_cache)
+    return make_record(
+        "simulate", "simulated", config, metrics,
+        profile={"name": profile.name, "sha256": profile.sha256, "path": profile.path,
+                 "device_is_host": profile.device_is_host},
+        trace={"id": trace.trace_id(), "path": str(Path(cfg.trace)) if cfg.trace else None,
+               "model": trace.meta.get("model_spec", {}).get("name") if isinstance(trace.meta.get("model_spec"), dict) else None,
+               "steps": trace.num_steps, "requests": len(result.requests)},
+        model_spec=spec.name, draft={"spec": draft.name if draft else None, "source": draft_source},
+        topology_mapping=workload.mapping,
+        policy={"name": name, "options": options, "stats": policy.describe()},
+        cache={"slots": capacity, "ratio": capacity / total if total else 0.0, "fit_slots": fit,
+               "bytes": capacity * cost.expert_bytes, "fits_device_memory": capacity <= fit,
+               "expert_bytes": cost.expert_bytes},
+        unit_costs=unit.__dict__, requests=result.requests, **extra)

@@ -1,0 +1,176 @@
+"""Bounds: what provably holds between the infinite-cache bound, the oracle and the other policies.
+
+Proved (and property-tested on random traces, costs and capacities):
+  1. T(infinite cache) <= T(policy) for every policy, the oracle included: every policy pays the same
+     draft / attention / other time, stalls are >= 0, and each layer's expert time of any device/host
+     split is >= the split's fractional relaxation (bounds.py).
+  2. oracle(prefetch=False) <= all-host: the oracle's per-layer plan minimises the layer's exact time
+     over a family of splits that contains "everything on the host", and without prefetches its
+     estimate is exact (no copy in flight).
+  3. oracle(prefetch=False, host=False) <= lru, in loads and in time, when the cache holds at least the
+     largest set of experts one layer activates (so no load is refused): both load every miss on demand
+     and run everything on the device, so time = fixed + loads x copy time, and furthest-next-use
+     eviction minimises loads (Belady).
+Not true in general: "oracle <= every policy". With prefetching, a copy the oracle starts can still be
+in flight when its layer begins, and the engine waits for it, while a policy that copies nothing does
+not wait (test_full_oracle_is_not_a_lower_bound). Finding the optimal offline schedule of one copy link
+with overlapping compute is a hard scheduling problem; the oracle is a strong reference point, and the
+infinite-cache bound is the one bound to quote.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from baselines.all_host import AllHost
+from baselines.lru import LRU
+from baselines.oracle import Oracle
+from moespac.errors import MoespacError
+from moespac.policy import PolicyContext, Topology
+from moespac.registry import make_policy, policies
+from moespac.sim.bounds import infinite_cache_steps, layer_lower_bound
+from moespac.sim.cost import Timing
+from moespac.sim.replay import SIM_SIGNALS, replay
+from moespac.sim.synthetic import hand_trace, toy_spec
+from moespac.sim.workload import make_workload
+
+TOL = 1e-9
+
+
+def others_without_extra_signals(draft: bool) -> list[str]:
+    """Registered policies that run on a trace (draft signal if it has drafts) + the simulator's signals."""
+    available = SIM_SIGNALS | ({"draft"} if draft else set())
+    out = []
+    for name, cls in sorted(policies().items()):
+        if name == "oracle" or (cls.needs_draft and not draft) or not set(cls.requires) <= available:
+            continue
+        out.append(name)
+    return out
+
+
+@st.composite
+def scenarios(draw):
+    L = draw(st.integers(1, 3))
+    E = draw(st.integers(2, 5))
+    k = draw(st.integers(1, min(2, E)))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    n_steps = draw(st.integers(1, 5))
+    requests = draw(st.integers(1, 2))
+    gamma = draw(st.integers(0, 2))
+    steps, req = [], []
+    for r in range(requests):
+        for s in range(n_steps):
+            tokens = 1 if s == 0 or gamma == 0 else gamma + 1
+            kind = "prefill" if s == 0 else ("verify" if gamma else "ar")
+            ids = [[rng.permutation(E)[:k].tolist() for _ in range(L)] for _ in range(tokens)]
+            steps.append((kind, gamma if kind == "verify" else 0, 1, ids))
+            req.append(r)
+    topo = Topology(L, E, k)
+    workload = make_workload(hand_trace(topo, steps, request_of_step=req), toy_spec(topo))
+    S = len(steps)
+    cmax = int(workload.counts.max())
+    c = np.arange(cmax + 1)
+    d0, d1, h0, h1 = (draw(st.floats(0.05, 3.0)) for _ in range(4))
+    timing = Timing(draft=rng.uniform(0, 1, S) * (workload.steps["step_gamma"] > 0), attention=rng.uniform(0, 1, S),
+                    other=rng.uniform(0, 1, S), device_by_count=np.where(c > 0, d0 + 0.2 * d1 * c, 0.0),
+                    host_by_count=np.where(c > 0, h0 + h1 * c, 0.0), hidden=rng.uniform(0, 1, S),
+                    load=draw(st.floats(0.05, 8.0)), expert_bytes=1, serial=draw(st.booleans()))
+    capacity = draw(st.integers(0, L * E))
+    return workload, timing, capacity, "draft" in workload.trace.signals()
+
+
+def total(workload, timing, policy, capacity):
+    return float(replay(workload, timing, policy, capacity).total.sum())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_infinite_cache_bounds_every_policy_and_the_oracle(sc):
+    workload, timing, capacity, draft = sc
+    bound = float(infinite_cache_steps(workload, timing).sum())
+    names = others_without_extra_signals(draft)
+    assert {"lru", "all-host"} <= set(names)
+    for name in names:
+        assert bound <= total(workload, timing, make_policy(name), capacity) * (1 + TOL), name
+    for oracle in (Oracle(), Oracle(prefetch=False), Oracle(host=False), Oracle(prefetch=False, host=False)):
+        assert bound <= total(workload, timing, oracle, capacity) * (1 + TOL)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_oracle_without_prefetch_beats_all_host(sc):
+    workload, timing, capacity, _ = sc
+    assert total(workload, timing, Oracle(prefetch=False), capacity) <= total(workload, timing, AllHost(), capacity) * (1 + TOL)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_belady_on_demand_beats_lru_when_no_load_is_refused(sc):
+    workload, timing, _, _ = sc
+    topo = workload.topology
+    largest = int((workload.counts > 0).sum(2).max())
+    capacity = min(max(largest, 1) + 1, topo.num_layers * topo.num_experts)  # tight, so evictions happen
+    lru = replay(workload, timing, LRU(), capacity)
+    belady = replay(workload, timing, Oracle(prefetch=False, host=False), capacity)
+    loads = lambda r: sum(q["counters"]["loads"] for q in r.requests)  # noqa: E731
+    assert loads(belady) <= loads(lru)
+    assert belady.total.sum() <= lru.total.sum() * (1 + TOL)
+
+
+def test_belady_by_hand():
+    # 1 layer x 3 experts, top-1, capacity 2, one token per step using experts 0,1,2,0,1,2; copy 2, device 1.
+    # LRU (empty start) misses every time: 6 loads, 6 x (2 + 1) = 18.
+    # Belady places the two soonest-needed experts (0, 1) before the request (untimed, as for every policy);
+    # at 2 it evicts 1 (next use step 4, after 0's step 3); 0 hits; at 1 it evicts 0 (never used again);
+    # 2 hits: 2 loads, 4 hits, 2 x 2 + 6 x 1 = 10.
+    topo = Topology(1, 3, 1)
+    steps = [("prefill", 0, 1, [[[0]]])] + [("ar", 0, 1, [[[e]]]) for e in (1, 2, 0, 1, 2)]
+    w = make_workload(hand_trace(topo, steps), toy_spec(topo))
+    t = Timing(draft=np.zeros(6), attention=np.zeros(6), other=np.zeros(6), device_by_count=np.array([0, 1.0]),
+               host_by_count=np.array([0, 5.0]), hidden=np.zeros(6), load=2.0, expert_bytes=1)
+    lru, belady = replay(w, t, LRU(), 2), replay(w, t, Oracle(prefetch=False, host=False), 2)
+    assert lru.requests[0]["counters"]["loads"] == 6 and lru.total.sum() == 18.0
+    assert belady.requests[0]["counters"]["loads"] == 2 and belady.total.sum() == 10.0
+    assert belady.requests[0]["counters"]["hits"] == 4
+
+
+def test_full_oracle_is_not_a_lower_bound():
+    # 2 layers x 2 experts, top-1, one prefill step: L0 {0}, L1 {0}; capacity 1, copy 10, device 1, host 2,
+    # attention 1, no hidden transfer.
+    # all-host: 1 + 2 + 1 + 2 = 6.
+    # oracle: (0,0) placed before the request; L0 at 1 runs it on the device -> 2; end_layer asks for
+    # (1,0) (now the soonest-needed), which evicts (0,0) and copies 2 -> 12; L1 at 3 waits for it
+    # (the engine waits for an in-flight copy of its layer) -> 12, device -> 13.
+    topo = Topology(2, 2, 1)
+    w = make_workload(hand_trace(topo, [("prefill", 0, 1, [[[0], [0]]])]), toy_spec(topo))
+    t = Timing(draft=np.zeros(1), attention=np.ones(1), other=np.zeros(1), device_by_count=np.array([0, 1.0]),
+               host_by_count=np.array([0, 2.0]), hidden=np.zeros(1), load=10.0, expert_bytes=1)
+    assert total(w, t, AllHost(), 1) == 6.0
+    assert total(w, t, Oracle(), 1) == 13.0
+
+
+def test_oracle_cannot_run_without_the_future():
+    ctx = PolicyContext(Topology(2, 4, 2), 4, signals=frozenset({"draft", "cross_layer_topk"}))
+    with pytest.raises(MoespacError, match="'future'"):
+        Oracle().reset(ctx)
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_layer_lower_bound_by_hand(serial):
+    # experts d = (1, 2), h = (4, 2), x = 1.
+    # concurrent: all-device 3; LP: expert 0 (d/h 1/4) first: dev 1 vs host 2 + 1 = 3; then expert 1 at
+    # fraction f: 1 + 2f = 3 - 2f -> f = 1/2 -> 2. Bound min(3, 2) = 2.
+    # serial: min(3, 1 + min(1,4) + min(2,2)) = min(3, 4) = 3.
+    lb = layer_lower_bound(np.array([[1.0, 2.0]]), np.array([[4.0, 2.0]]), np.array([1.0]), serial)
+    assert lb.tolist() == [3.0 if serial else 2.0]
+
+
+def test_oracle_needs_cold_requests():
+    topo = Topology(1, 2, 1)
+    w = make_workload(hand_trace(topo, [("prefill", 0, 1, [[[0]]])]), toy_spec(topo))
+    t = Timing(draft=np.zeros(1), attention=np.zeros(1), other=np.zeros(1), device_by_count=np.array([0, 1.0]),
+               host_by_count=np.array([0, 1.0]), hidden=np.zeros(1), load=1.0, expert_bytes=1)
+    with pytest.raises(MoespacError, match="cold requests"):
+        replay(w, t, Oracle(), 1, warm_cache=True)

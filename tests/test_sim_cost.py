@@ -1,0 +1,89 @@
+"""Cost model numbers derived by hand from a round-number profile and the paper's model specs."""
+
+import numpy as np
+import pytest
+
+from moespac.models.registry import get_spec
+from moespac.policy import Topology
+from moespac.sim.cost import CostModel
+from moespac.sim.profile import HardwareProfile
+from moespac.sim.synthetic import hand_trace, toy_spec
+from moespac.sim.workload import make_workload
+
+PROFILE = HardwareProfile(name="round", link_bandwidth=1e9, link_latency=1e-5, device_mem_bandwidth=1e12,
+                          device_flops=1e14, device_memory=24e9, launch_overhead=5e-6, host_mem_bandwidth=1e11,
+                          host_flops=1e12, host_op_overhead=1e-5)
+QWEN = get_spec("qwen3-30b-a3b")  # expert: 3 x 2048 x 768 = 4,718,592 params, bf16 9,437,184 bytes
+DRAFT = get_spec("qwen3-4b-fp8")
+approx = lambda x: pytest.approx(x, rel=1e-12)  # noqa: E731
+
+
+def test_expert_bytes_and_copies():
+    cm = CostModel(PROFILE, QWEN)
+    assert cm.expert_bytes == 9_437_184
+    assert CostModel(PROFILE, QWEN, expert_dtype="fp8").expert_bytes == 4_718_592
+    assert cm.load_s() == approx(1e-5 + 9_437_184 / 1e9)
+
+
+def test_device_and_host_expert_time_roofline():
+    cm = CostModel(PROFILE, QWEN)
+    # 1 token: bandwidth-bound (9.437184e-6 s vs 9.4e-8 s of compute) + 4 launches of 5 us
+    assert cm.device_expert_s(1) == approx(9.437184e-6 + 2e-5)
+    # 2000 tokens: compute-bound, 2 x 4,718,592 x 2000 / 1e14
+    assert cm.device_expert_s(2000) == approx(1.8874368e-4 + 2e-5)
+    # host: 1 token bandwidth-bound at 1e11 B/s; 100 tokens compute-bound at 1e12 FLOP/s; 4 ops of 10 us
+    assert cm.host_expert_s(1) == approx(9.437184e-5 + 4e-5)
+    assert cm.host_expert_s(100) == approx(9.437184e-4 + 4e-5)
+    assert cm.device_expert_s(np.array([0, 1])).tolist()[0] == 0.0
+
+
+def test_hidden_transfer_attention_and_draft():
+    cm = CostModel(PROFILE, QWEN, DRAFT)
+    # 9 tokens x 2048 x 2 bytes each way, plus a latency each way
+    assert cm.hidden_transfer_s(9) == approx(2 * (1e-5 + 9 * 2048 * 2 / 1e9))
+    # attention of 1 token, empty context: q/k/v/o 2048 x (2x4096 + 2x512) + router 2048 x 128 params in
+    # bf16, the new token's K/V (2 x 4 heads x 128 x 2 B) read back; bandwidth-bound; 16 launches
+    nbytes = (2048 * 9216 + 2048 * 128) * 2 + 2 * 4 * 128 * 2
+    assert cm.attention_s(1, 0) == approx(nbytes / 1e12 + 16 * 5e-6)
+    # draft token: 36 layers of (2560 x 10240 attention + 3 x 2560 x 9728 FFN) fp8 weights + K/V of one
+    # token (2 x 8 x 128 x 2 B), 20 launches each; then the LM head 151936 x 2560 fp8, 2 launches
+    layer = (2560 * 10240 + 3 * 2560 * 9728 + 2 * 8 * 128 * 2) / 1e12 + 20 * 5e-6
+    head = 151936 * 2560 / 1e12 + 2 * 5e-6
+    assert cm.draft_token_s() == approx(36 * layer + head)
+    assert CostModel(PROFILE, QWEN).draft_token_s() == 0.0
+
+
+def test_unit_costs_come_from_the_profile():
+    cm = CostModel(PROFILE, QWEN, DRAFT)
+    u = cm.unit_costs(tokens=9, context=512)
+    assert u.t_io == cm.load_s() and u.t_gpu == cm.device_expert_s(9) and u.t_cpu == cm.host_expert_s(1)
+    assert u.t_draft == cm.draft_token_s() and u.t_layer == cm.attention_s(9, 512)
+
+
+def test_device_is_host_needs_no_hidden_transfer():
+    cpu = HardwareProfile(**{**PROFILE.__dict__, "device_is_host": True})
+    assert CostModel(cpu, QWEN).hidden_transfer_s(9) == 0.0
+
+
+def test_timing_tracks_context_and_draft_catch_up():
+    # prefill 3 tokens, verify (gamma 1) emitting 2, verify emitting 1: contexts 0, 3, 5.
+    # The draft's first forward in a request reads the prompt + first token (4 tokens, no KV yet).
+    topo = Topology(2, 4, 1)
+    steps = [("prefill", 0, 1, [[[0], [1]]] * 3), ("verify", 1, 2, [[[0], [1]]] * 2), ("verify", 1, 1, [[[2], [3]]] * 2)]
+    w = make_workload(hand_trace(topo, steps), toy_spec(topo))
+    cm = CostModel(PROFILE, toy_spec(topo), DRAFT)
+    t = cm.timing(w)
+    assert t.attention.tolist() == [cm.attention_s(3, 0), cm.attention_s(2, 3), cm.attention_s(2, 5)]
+    assert t.draft.tolist() == [0.0, cm.draft_forward_s(4, 0), cm.draft_forward_s(1, 5)]
+    assert t.hidden.tolist() == [cm.hidden_transfer_s(3), cm.hidden_transfer_s(2), cm.hidden_transfer_s(2)]
+    assert t.device_by_count.tolist() == cm.device_expert_s(np.arange(4)).tolist()  # counts up to 3
+    assert t.load == cm.load_s() and t.expert_bytes == cm.expert_bytes
+
+
+def test_fit_slots_on_the_paper_testbed():
+    # 24 GiB - non-expert Qwen3-30B-A3B weights - Qwen3-4B-FP8 - 4096-token KV of both - 1 GiB headroom
+    cm = CostModel(HardwareProfile(**{**PROFILE.__dict__, "device_memory": 24 * 2**30}), QWEN, DRAFT)
+    target = (48 * (2048 * 9216 + 2048 * 128) + 2 * 151936 * 2048) * 2 + 4096 * 48 * 2 * 4 * 128 * 2
+    draft = (36 * (2560 * 10240 + 3 * 2560 * 9728) + 2 * 151936 * 2560) + 4096 * 36 * 2 * 8 * 128 * 2
+    assert cm.resident_bytes() == target + draft
+    assert cm.fit_slots() == (24 * 2**30 - target - draft - 2**30) // 9_437_184
