@@ -11,6 +11,9 @@ import numpy as np
 from moespac.policy import LayerPlan, Policy, PolicyContext
 
 
+_NEVER = np.iinfo(np.int64).max  # marks non-candidates in the argmin
+
+
 class LRU(Policy):
     name = "lru"
     lossless = True
@@ -31,8 +34,6 @@ class LRU(Policy):
         return LayerPlan(load=missing)
 
     def victim(self, candidates, cache):
-        if not candidates.any():
-            return None
-        age = np.where(candidates, self.last_use, np.iinfo(np.int64).max)
+        age = np.where(candidates, self.last_use, _NEVER)
         flat = int(np.argmin(age))
-        return divmod(flat, age.shape[1])
+        return divmod(flat, age.shape[1]) if age.flat[flat] != _NEVER else None

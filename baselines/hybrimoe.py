@@ -1,0 +1,128 @@
+"""HybriMoE: a per-layer expert cache ranked by a decayed router score (MRS), next-layer prefetch of the
+top-scored experts, and a greedy split of each layer's experts between GPU and CPU from both ends of a
+hot-to-cold queue.
+
+Source: PKU-SEC-Lab/HybriMoE ktransformers/operators/experts.py (commit 0f6e78b309; the spec read
+508a85b9a4): KScoreAwareCache, KExpertsCache (HSS, prefetch_expert, load_expert_weights); arXiv
+2504.05897. MoE-SpAc Table 1 row "HybriMoE".
+- Score (MRS), after each router call: the top-p (p = 12) experts by router probability get
+  S <- alpha*s + (1 - alpha)*S, every other expert S <- (1 - alpha)*S, alpha = 0.5. Our traces carry
+  activation counts, not router probabilities, so s = the expert's share of the layer's routing entries
+  (counts / counts.sum(), which sums to 1 like a probability), and the top p are the highest counts.
+  (The code assigns the top-p scores, in score order, to the masked experts in index order; we apply the
+  stated formula to the right experts.)
+- Cache: `cache_size` slots per layer (default 16; here `slots_per_layer`, else capacity // L, at most
+  the run's per_layer_capacity), experts 0..b-1 resident at start; the victim is the lowest score among
+  the layer's residents (a layer under budget may borrow free slots: baselines/_common.budget_layer).
+- Prefetch: the top `prefetch_size` experts of layer l+1 by score (README example: 0; here default k). The
+  code issues it while layer l's GPU experts start; we issue it after layer l (end_layer), before layer
+  l+1's attention. Only experts with a positive score are asked for.
+- Split (decode; prefill runs every expert on the GPU): residents sorted by token count (descending), then
+  non-residents likewise; repeatedly the GPU takes the head or the CPU the tail, whichever finishes
+  sooner (ties to the GPU). GPU: t_gpu per expert, and a non-resident expert cannot start before its copy
+  (t_io each, one after another on the link) has finished. CPU: t_cpu per token-expert. The code's
+  hard-coded constants (CPU 1.0/token + 0.79 once, GPU 0.5, copy 0.418) are replaced by ctx.costs; the
+  one-off CPU intercept has no counterpart there and is dropped. The code splits only single-token
+  decode; we split every non-prefill forward (verify batches too).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from baselines._common import budget_layer, missing, uniform_budgets
+from moespac.errors import MoespacError
+from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch, UnitCosts
+
+
+def greedy_split(counts: np.ndarray, resident: np.ndarray, costs: UnitCosts) -> tuple[list[int], list[int]]:
+    """HybriMoE's two-ended split of one layer's activated experts: (device experts, host experts)."""
+    active = np.flatnonzero(counts)
+    hot_first = np.argsort(-counts[active], kind="stable")  # ties keep id order
+    ranked = active[hot_first]
+    queue = [int(e) for e in ranked[resident[ranked]]] + [int(e) for e in ranked[~resident[ranked]]]
+    gpu, cpu = [], []
+    gpu_t = cpu_t = io_t = 0.0
+    while queue:
+        head, tail = queue[0], queue[-1]
+        io = io_t + (0.0 if resident[head] else costs.t_io)
+        g = (gpu_t if resident[head] else max(gpu_t, io)) + costs.t_gpu
+        c = cpu_t + costs.t_cpu * counts[tail]
+        if g <= c:
+            gpu.append(queue.pop(0))
+            gpu_t, io_t = g, io
+        else:
+            cpu.append(queue.pop())
+            cpu_t = c
+    return gpu, cpu
+
+
+class HybriMoE(Policy):
+    name = "hybrimoe"
+    lossless = True
+    needs_draft = False
+    requires = ()
+    source = "PKU-SEC-Lab/HybriMoE ktransformers/operators/experts.py (0f6e78b309); arXiv 2504.05897; MoE-SpAc Table 1"
+
+    def __init__(self, alpha: float = 0.5, top_p: int = 12, slots_per_layer: int | None = None,
+                 prefetch_size: int | None = None):
+        if not 0.0 < alpha <= 1.0:
+            raise MoespacError(f"policy {self.name!r}: alpha must be in (0, 1], got {alpha}")
+        if top_p < 1:
+            raise MoespacError(f"policy {self.name!r}: top_p must be >= 1, got {top_p}")
+        for key, v in (("slots_per_layer", slots_per_layer), ("prefetch_size", prefetch_size)):
+            if v is not None and v < 0:
+                raise MoespacError(f"policy {self.name!r}: {key} must be >= 0, got {v}")
+        self.alpha = alpha
+        """Weight of the newest router score in the MRS update."""
+        self.top_p = top_p
+        """Experts per router call whose score is refreshed (the rest only decay)."""
+        self.slots_per_layer = slots_per_layer
+        """Cache slots per layer (HybriMoE --cache_size); default capacity // L."""
+        self.prefetch_size = prefetch_size
+        """Top-scored experts of the next layer to prefetch (HybriMoE --prefetch_size); default top-k."""
+
+    def reset(self, ctx: PolicyContext) -> np.ndarray:
+        super().reset(ctx)
+        L, E = ctx.topology.num_layers, ctx.topology.num_experts
+        self.budgets = uniform_budgets(ctx, self.slots_per_layer)
+        self.scores = np.zeros((L, E))
+        self.prefetch = ctx.topology.top_k if self.prefetch_size is None else self.prefetch_size
+        self.step = None
+        self.layer = 0
+        return np.arange(E)[None, :] < self.budgets[:, None]  # experts 0..b-1 of each layer
+
+    def update_scores(self, layer: int, counts: np.ndarray) -> None:
+        s = counts / max(counts.sum(), 1)
+        top = np.argsort(-s, kind="stable")[:self.top_p]
+        self.scores[layer] *= 1.0 - self.alpha
+        self.scores[layer, top] += self.alpha * s[top]
+
+    def begin_step(self, step, cache):
+        self.step = step
+        return []
+
+    def plan_layer(self, layer, counts, cache) -> LayerPlan:
+        self.layer = layer
+        self.update_scores(layer, counts)
+        if self.step is not None and self.step.kind == "prefill":
+            return LayerPlan(load=missing(layer, counts, cache))
+        resident = cache.resident[layer]
+        gpu, cpu = greedy_split(counts, resident, self.ctx.costs)
+        load = np.array([e for e in gpu if not resident[e]], dtype=np.int64)
+        return LayerPlan(load=load, host=np.array(cpu, dtype=np.int64))
+
+    def end_layer(self, layer, counts, cache) -> list[Prefetch]:
+        nxt = layer + 1
+        if nxt >= self.ctx.topology.num_layers or self.prefetch == 0:
+            return []
+        top = np.argsort(-self.scores[nxt], kind="stable")[:self.prefetch]
+        return [Prefetch(nxt, int(e), float(self.scores[nxt, e])) for e in top
+                if self.scores[nxt, e] > 0 and not cache.resident[nxt, e]]
+
+    def victim(self, candidates, cache):
+        layer = budget_layer(candidates, cache, self.budgets, self.layer)
+        if layer is None:
+            return None
+        score = np.where(candidates[layer], self.scores[layer], np.inf)
+        return layer, int(np.argmin(score))

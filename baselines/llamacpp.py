@@ -1,0 +1,54 @@
+"""llama.cpp with `--n-cpu-moe N`: the routed experts of the first N layers stay in host memory and are
+computed by the CPU; every other layer's experts are resident. Static: no cache, no prefetch, no copies.
+
+Source: ggml-org/llama.cpp, `--n-cpu-moe` (PR #15077, build b6089) is `-ot` overrides putting
+`ffn_{up,down,gate}_exps` of blocks 0..N-1 in a CPU buffer (`--cpu-moe`, PR #14992, is N = all layers:
+baselines/all_host.py). Batches under GGML_OP_OFFLOAD_MIN_BATCH = 32 tokens (decode, and SD verification
+with gamma + 1 <= 31) run host experts on the CPU. MoE-SpAc Table 1 rows "llama.cpp" and "llama.cpp w/ SD";
+`llamacpp-sd` is the same placement and differs only in the decoding loop (draft `-md`, `--draft-max`).
+
+N defaults to the smallest value whose device layers fit the cache: L - capacity // E (whole layers, as
+`-ot` moves whole tensors; leftover slots stay unused). Not modelled: for batches of >= 32 tokens
+(prefill) llama.cpp copies the host layer's weights to the GPU for that op; here those experts run on the
+host (the interface has no temporary copy outside the cache).
+"""
+
+from __future__ import annotations
+
+from baselines._common import layer_mask
+from moespac.errors import MoespacError
+from moespac.policy import Policy, PolicyContext
+
+
+class LlamaCpp(Policy):
+    name = "llamacpp"
+    lossless = True
+    needs_draft = False
+    requires = ()
+    source = "ggml-org/llama.cpp --n-cpu-moe (PR #15077, b6089); MoE-SpAc Table 1"
+
+    def __init__(self, n_cpu_moe: int | None = None):
+        if n_cpu_moe is not None and n_cpu_moe < 0:
+            raise MoespacError(f"policy {self.name!r}: n_cpu_moe must be >= 0, got {n_cpu_moe}")
+        self.n_cpu_moe = n_cpu_moe
+        """Layers whose experts stay on the host (from layer 0); default: as few as the cache allows."""
+
+    def reset(self, ctx: PolicyContext):
+        super().reset(ctx)
+        L, E = ctx.topology.num_layers, ctx.topology.num_experts
+        n = max(L - ctx.capacity // E, 0) if self.n_cpu_moe is None else min(self.n_cpu_moe, L)
+        if (L - n) * E > ctx.capacity:
+            raise MoespacError(f"policy {self.name!r}: n_cpu_moe={n} leaves {L - n} layers x {E} experts on the "
+                               f"device, more than the cache's {ctx.capacity} slots; use n_cpu_moe >= "
+                               f"{L - ctx.capacity // E}")
+        self.host_layers = n
+        return layer_mask(L, E, range(n, L))
+
+    def describe(self) -> dict:
+        return {"n_cpu_moe": self.host_layers}
+
+
+class LlamaCppSD(LlamaCpp):
+    name = "llamacpp-sd"
+    needs_draft = True
+    source = "ggml-org/llama.cpp --n-cpu-moe (PR #15077) + speculative decoding (-md, --draft-max); MoE-SpAc Table 1"

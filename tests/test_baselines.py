@@ -1,0 +1,338 @@
+"""Each baseline policy's defining behaviour on tiny hand-made routing, driven like the engine drives it
+(tests/policy_driver.py: infinitely fast copy link)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from policy_driver import context, counts_of, drive, random_steps, step
+
+from baselines.accelerate import Accelerate
+from baselines.fate import Fate
+from baselines.fiddler import Fiddler
+from baselines.hybrimoe import HybriMoE, greedy_split
+from baselines.ktransformers import KTransformers
+from baselines.lfu import LFU
+from baselines.llamacpp import LlamaCpp, LlamaCppSD
+from baselines.lru import LRU
+from baselines.mixtral_offloading import MixtralOffloading
+from baselines.moe_infinity import MoEInfinity
+from baselines.moe_speq import MoESpeQ
+from baselines.sp_moe import SPMoE
+from baselines.specexp import SpecExp
+from baselines.vllm_offload import VLLMOffload
+from moespac.cache import ExpertCache
+from moespac.cli import main
+from moespac.errors import MoespacError
+from moespac.policy import SIGNALS, UnitCosts
+from moespac.registry import make_policy, policies
+
+ALL_SIGNALS = tuple(SIGNALS)
+BASELINES = ("accelerate", "vllm-offload", "llamacpp", "llamacpp-sd", "mixtral-offloading", "moe-infinity",
+        "fiddler", "ktransformers", "hybrimoe", "fate", "sp-moe", "moe-speq", "specexp", "lfu", "lru", "all-host")
+
+
+def single_layer_trace(E: int, experts: list[int]):
+    """One layer, one token per step, activating `experts[s]` at step s."""
+    return [(step(s), counts_of(1, E, {0: [e]})) for s, e in enumerate(experts)]
+
+
+def resident_set(run, layer: int = 0) -> set:
+    return set(np.flatnonzero(run.cache.resident[layer]).tolist())
+
+
+# -- references ------------------------------------------------------------------------------------
+
+def test_lru_evicts_least_recent():
+    run = drive(LRU(), context(1, 4, 1, 2), single_layer_trace(4, [0, 1, 0, 2]))
+    assert resident_set(run) == {0, 2}  # 1 was used longest ago
+
+
+def test_lfu_evicts_least_frequent_and_in_cache_forgets_counts():
+    trace = [0, 0, 0, 1, 2, 3, 3, 3, 3, 4, 1, 0, 4]
+    assert resident_set(drive(LRU(), context(1, 5, 1, 2), single_layer_trace(5, [0, 0, 1, 2]))) == {1, 2}
+    assert resident_set(drive(LFU(), context(1, 5, 1, 2), single_layer_trace(5, [0, 0, 1, 2]))) == {0, 2}
+    # by hand: at the last step expert 0 (back since step 12) ties 3 at four uses per request and
+    # loses on recency; counting only since it re-entered, it has one use and goes instead
+    assert resident_set(drive(LFU(), context(1, 5, 1, 2), single_layer_trace(5, trace))) == {0, 4}
+    assert resident_set(drive(LFU(in_cache=True), context(1, 5, 1, 2), single_layer_trace(5, trace))) == {3, 4}
+
+
+# -- static and streamed placements ---------------------------------------------------------------
+
+def layer_steps(n: int, experts):
+    """n identical one-token steps, layer l activating experts[l]."""
+    return [(step(s), counts_of(len(experts), 4, {l: [e] for l, e in enumerate(experts)})) for s in range(n)]
+
+
+def test_accelerate_keeps_first_layers_and_reloads_the_rest_every_step():
+    # 6 slots, staging 2 -> one whole layer resident; three streamed layers share the two staging slots
+    run = drive(Accelerate(staging=2), context(4, 4, 1, 6), layer_steps(3, (2, 1, 3, 0)))
+    assert run.placement.sum(axis=1).tolist() == [4, 0, 0, 0]
+    assert all(log[0].hits == {2} for log in run.layers)
+    # least recently used staged expert goes: nothing survives until its layer's next use (evicting the
+    # most recently loaded one would keep layer 1's expert and hit it every step)
+    assert all([log[l].loaded for l in (1, 2, 3)] == [[1], [3], [0]] for log in run.layers)
+    assert run.cache.resident[0].all()
+    # default staging is one layer (Accelerate reserves the largest layer): 8 slots -> layer 0 + staging
+    assert drive(Accelerate(), context(3, 4, 1, 8), []).placement.sum(axis=1).tolist() == [4, 0, 0]
+
+
+def test_vllm_offload_streams_the_first_layers():
+    run = drive(VLLMOffload(staging=1), context(3, 4, 1, 5), layer_steps(2, (2, 1, 3)))
+    assert run.placement.sum(axis=1).tolist() == [0, 0, 4]  # --cpu-offload-gb takes the first layers
+    assert all(log[0].loaded == [2] and log[1].loaded == [1] and log[2].hits == {3} for log in run.layers)
+
+
+def test_llamacpp_host_layers_never_move():
+    steps = random_steps(3, 4, 2, 6, cross=False)
+    run = drive(LlamaCpp(), context(3, 4, 2, 9), steps)
+    assert run.placement.sum(axis=1).tolist() == [0, 4, 4]  # n_cpu_moe = 3 - 9 // 4 = 1
+    c = run.cache.counters
+    assert c.loads == c.evictions == c.prefetched == 0
+    assert c.host == sum(int((counts[0] > 0).sum()) for _, counts in steps)  # exactly layer 0's experts
+    assert drive(LlamaCpp(n_cpu_moe=2), context(3, 4, 2, 9), []).placement.sum(axis=1).tolist() == [0, 0, 4]
+    with pytest.raises(MoespacError, match="n_cpu_moe=0"):
+        LlamaCpp(n_cpu_moe=0).reset(context(3, 4, 2, 9))
+    assert (drive(LlamaCppSD(), context(3, 4, 2, 9, signals=["draft"]), []).placement == run.placement).all()
+
+
+def test_fiddler_places_by_popularity_and_never_moves():
+    warm = np.array([[5, 1, 0, 3], [0, 4, 2, 0]])
+    ctx = context(2, 4, 2, 3, signals=["warmup_counts"], warmup_counts=warm)
+    run = drive(Fiddler(), ctx, random_steps(2, 4, 2, 8, cross=False))
+    assert run.placement.tolist() == [[True, False, False, True], [False, True, False, False]]
+    assert all((r == run.placement).all() for r in run.residency)
+    c = run.cache.counters
+    assert c.loads == c.evictions == c.prefetched == 0 and c.host > 0
+
+
+def test_ktransformers_strategies():
+    ctx = context(2, 4, 1, 3)
+    placed = lambda s, c=ctx: drive(KTransformers(strategy=s), c, []).placement.astype(int).tolist()
+    assert placed("uniform") == [[1, 1, 0, 0], [1, 0, 0, 0]]  # round-robin over layers, expert-major
+    assert placed("front-loading") == [[1, 1, 1, 0], [0, 0, 0, 0]]
+    warm = np.array([[0, 9, 0, 1], [8, 0, 7, 0]])
+    freq_ctx = context(2, 4, 1, 3, signals=["warmup_counts"], warmup_counts=warm)
+    assert placed("frequency", freq_ctx) == [[0, 1, 0, 0], [1, 0, 1, 0]]
+    assert sum(map(sum, placed("random"))) == 3 and placed("random") == placed("random")
+    with pytest.raises(MoespacError, match="warmup_counts"):
+        KTransformers(strategy="frequency").reset(ctx)
+    with pytest.raises(MoespacError, match="strategy"):
+        KTransformers(strategy="hottest")
+
+
+# -- caches ----------------------------------------------------------------------------------------
+
+def test_mixtral_offloading_lru_within_each_layer():
+    # layer 0 walks 0, 3, 1; layer 1 keeps using 3 and never touches its expert 2
+    steps = [(step(s), counts_of(2, 4, {0: [e], 1: [3]})) for s, e in enumerate([0, 3, 1])]
+    run = drive(MixtralOffloading(), context(2, 4, 1, 4), steps)
+    assert run.placement.astype(int).tolist() == [[0, 0, 1, 1], [0, 0, 1, 1]]  # 2 slots/layer, high ids first
+    assert resident_set(run, 0) == {1, 3}  # 0 was its layer's least recent when 1 came
+    assert resident_set(run, 1) == {2, 3}  # the globally oldest expert (1, 2) is in another group: kept
+    # a batch wanting 3 experts of a 2-slot layer: the third finds no slot of its own layer -> host
+    batch = counts_of(2, 4, {0: [0, 1, 2], 1: [3]})
+    run = drive(MixtralOffloading(), context(2, 4, 1, 4), [(step(0, "verify", 3), batch)])
+    layer0 = run.layers[0][0]
+    assert (layer0.device, layer0.host, layer0.loaded) == ({0, 2}, {1}, [0])
+    assert resident_set(run, 1) == {2, 3}
+
+
+def test_moe_infinity_prefetches_the_best_matching_past_request():
+    policy = MoEInfinity(trace_capacity=2)
+    ctx = context(2, 4, 1, 2)
+    req = lambda first, second: [(step(0), counts_of(2, 4, {0: [first], 1: [second]}))]
+    assert drive(policy, ctx, req(0, 1)).prefetched == []  # nothing to match yet
+    drive(policy, ctx, req(2, 3))
+    run = drive(policy, ctx, req(2, 3))  # starts like the second request
+    assert run.prefetched == [((0, 1), (1, 3))]  # after layer 0: the match's layer-1 expert
+    assert run.layers[0][1].hits == {3}
+    assert policy.access == [2, 2]  # stored with 1; the first matched in request 2, the second in 3
+    drive(policy, ctx, req(0, 1))  # stores the third EAM over the least-accessed (the first)
+    assert [np.argwhere(m).tolist() for m in policy.collection] == [[[0, 2], [1, 3]]] * 2
+
+
+def test_moe_infinity_files_requests_by_step_signal_when_kept_warm():
+    policy = MoEInfinity()
+    steps = [(step(s, request=r), counts_of(2, 4, {0: [a], 1: [b]}))
+             for s, (r, a, b) in enumerate([(0, 0, 1), (1, 2, 3), (2, 2, 3)])]
+    run = drive(policy, context(2, 4, 1, 2), steps)  # one reset: requests told apart by their id
+    assert len(policy.collection) == 2 and ((2, 1), (1, 3)) in run.prefetched
+    assert run.layers[2][1].hits == {3}
+
+
+def test_hybrimoe_score_update():
+    policy = HybriMoE()
+    drive(policy, context(1, 4, 1, 2), [(step(0), counts_of(1, 4, {0: {0: 2, 1: 1, 3: 1}})),
+                                        (step(1), counts_of(1, 4, {0: {2: 4}}))])
+    # s = counts / 4; S = 0.5 s, then S = 0.5 S + 0.5 s'
+    assert policy.scores[0].tolist() == [0.125, 0.0625, 0.5, 0.0625]
+    policy = HybriMoE(top_p=2)
+    drive(policy, context(1, 4, 1, 2), [(step(0), counts_of(1, 4, {0: {0: 3, 1: 2, 2: 1}}))])
+    assert policy.scores[0].tolist() == [0.25, 0.5 * (2 / 6), 0.0, 0.0]  # expert 2 is outside the top 2
+
+
+def test_hybrimoe_two_ended_split_matches_hand_computation():
+    costs = UnitCosts(t_io=0.25, t_gpu=0.5, t_cpu=1.0)
+    # queue [0 | 1, 2, 3]: GPU 0 (0.5 <= 1), GPU 1 (load 0.25, 1.0 <= 1.0), CPU 3 (1.5 > 1), GPU 2 (1.5 <= 2)
+    assert greedy_split(np.array([1, 3, 1, 1]), np.array([True, False, False, False]), costs) == ([0, 1, 2], [3])
+    # equal finish times go to the GPU (HybriMoE compares with <=): GPU 0, CPU 2, then 1 ties at 2 -> GPU
+    assert greedy_split(np.ones(3, int), np.ones(3, bool), UnitCosts(t_gpu=1.0, t_cpu=1.0)) == ([0, 1], [2])
+    # a copy that takes longer than the CPU work keeps both experts on the host
+    assert greedy_split(np.array([1, 1]), np.zeros(2, bool), UnitCosts(t_io=2.0, t_gpu=0.5, t_cpu=1.0)) == ([], [1, 0])
+    run = drive(HybriMoE(slots_per_layer=2), context(1, 4, 1, 3, costs=costs),
+                [(step(0, "verify", 3, 2), counts_of(1, 4, {0: {0: 1, 1: 3, 2: 1, 3: 1}}))])
+    layer = run.layers[0][0]  # residents 0, 1 (the first 2 ids); queue [1, 0 | 2, 3]
+    assert (layer.device, layer.host, layer.loaded) == ({0, 1, 2}, {3}, [2])
+
+
+def test_hybrimoe_prefetches_next_layer_top_score_and_evicts_lowest():
+    costs = UnitCosts(t_io=10.0, t_gpu=0.5, t_cpu=1.0)  # on-demand copies never pay: only prefetch brings experts in
+    steps = [(step(s), counts_of(2, 4, {0: [0], 1: [3]})) for s in range(2)]
+    run = drive(HybriMoE(prefetch_size=1), context(2, 4, 1, 4, costs=costs), steps)
+    assert run.layers[0][1].host == {3}  # step 0: (1, 3) runs on the CPU ...
+    assert run.prefetched == [((1, 1), (1, 3))]  # ... is layer 1's best score when layer 0 ends ...
+    assert run.layers[1][1].hits == {3}  # ... and hits in step 1
+    assert resident_set(run, 1) == {1, 3}  # it replaced the lowest score (expert 0, tie with 1: lower id)
+
+
+def test_hybrimoe_prefill_runs_everything_on_the_device():
+    run = drive(HybriMoE(), context(1, 4, 1, 4), [(step(0, "prefill", 4), counts_of(1, 4, {0: [0, 1, 2, 3]}))])
+    assert run.layers[0][0].device == {0, 1, 2, 3} and run.cache.counters.host == 0
+
+
+def cross_step(s, routed, predicted, k=1):
+    """One token; `predicted[l]` = layer l+1's expert that layer l's cross-layer router names (-1: none)."""
+    cross = np.array([[[p]] for p in predicted] + [[[-1]]])
+    return step(s, cross_layer_topk=cross), counts_of(len(routed), 4, {l: [e] for l, e in enumerate(routed)})
+
+
+def test_fate_prefetches_cross_layer_prediction():
+    run = drive(Fate(), context(3, 4, 1, 6, signals=["cross_layer_topk"]), [cross_step(0, [0, 2, 3], [2, 1])])
+    assert run.prefetched == [((0, 1), (1, 2)), ((0, 2), (2, 1))]
+    assert [log.hits for log in run.layers[0]] == [set(), {2}, set()]  # the wrong guess for layer 2 misses
+    assert run.cache.counters.loads == 2
+
+
+def test_fate_shallow_favouring_budgets():
+    fate = Fate(shallow_bias=3.0)
+    fate.reset(context(4, 8, 1, 10, signals=["cross_layer_topk"]))
+    assert fate.budgets.tolist() == [4, 3, 2, 1]  # weights 3, 7/3, 5/3, 1; largest remainder
+
+
+def test_fate_arc_keeps_a_reused_expert_through_a_scan_and_adapts():
+    ctx = context(1, 6, 1, 2, signals=["cross_layer_topk"])
+    scan = [0, 0, 1, 2, 3]
+    fate = Fate()
+    assert resident_set(drive(fate, ctx, single_layer_trace(6, scan))) == {0, 3}  # 0 is in T2
+    assert resident_set(drive(LRU(), ctx, single_layer_trace(6, scan))) == {2, 3}
+    run = drive(fate, ctx, single_layer_trace(6, scan + [2]))  # 2 is a ghost in B1: p grows, T2 gives
+    assert fate.arc[0].p == 1.0 and resident_set(run) == {2, 3}
+
+
+def test_fate_and_specexp_need_the_per_step_signal():
+    ctx = context(2, 4, 1, 4, signals=["cross_layer_topk"])
+    for policy in (Fate(), SpecExp()):
+        with pytest.raises(MoespacError, match="cross_layer_topk"):
+            drive(policy, ctx, [(step(0), counts_of(2, 4, {0: [0], 1: [1]}))])
+
+
+def test_lossy_flags():
+    assert Fate().lossless and Fate().transfer_scale == 1.0
+    lossy = make_policy("fate:lossy_transfer=true")
+    assert not lossy.lossless and lossy.transfer_scale == 0.25
+    assert not make_policy("specexp:lossy_execution=true").lossless and SpecExp().lossless
+
+
+@pytest.mark.parametrize("lossy", [False, True])
+def test_specexp_streams_next_layer_prediction(lossy):
+    policy = SpecExp(lossy_execution=lossy)
+    run = drive(policy, context(3, 4, 1, 6, signals=["cross_layer_topk"]), [cross_step(0, [0, 2, 3], [2, 1])])
+    assert run.layers[0][1].hits == {2}
+    assert run.prefetched == [((0, 1), (1, 2)), ((0, 2), (2, 1))]
+    c = run.cache.counters
+    if lossy:  # misses are not loaded: they are what SpecExp would replace by its speculated experts
+        assert (c.loads, c.host, policy.describe()["speculation_misses"]) == (0, 2, 2)
+    else:
+        assert (c.loads, c.host) == (2, 0)
+
+
+# -- speculative-decoding baselines -----------------------------------------------------------------
+
+def test_sp_moe_prefetches_up_to_the_cutoff_layer_during_drafting():
+    ctx = context(6, 4, 1, 3, signals=["draft"], costs=UnitCosts(t_io=1.0, t_draft=1.5))
+    routing = counts_of(6, 4, {l: [l % 4] for l in range(6)})
+    policy = SPMoE()
+    run = drive(policy, ctx, [(step(0, "prefill", 1), routing), (step(1, "verify", 3, gamma=2), routing)])
+    # T_draft = 2 * 1.5 = 3 -> L* = 3 layers; LRU had kept only layers 3..5 of step 0
+    assert run.prefetched == [((1, 0), (0, 0)), ((1, 0), (1, 1)), ((1, 0), (2, 2))]
+    assert [log.hits for log in run.layers[1]] == [{0}, {1}, {2}, set(), set(), set()]
+    assert policy.cutoff(step(2, "verify", 2, gamma=1)) == 1 and policy.cutoff(step(2, "ar")) == 0
+
+
+def test_moe_speq_phases():
+    ctx = context(2, 4, 1, 8, signals=["draft"], costs=UnitCosts(t_io=1.0, t_draft=1.0))
+    policy = MoESpeQ()
+    policy.reset(ctx)
+    cache = ExpertCache(ctx.topology, 8)
+    prev = counts_of(2, 4, {0: {0: 3, 1: 1}, 1: {2: 2, 3: 2}})  # 4 tokens: confidences .75 .25 | .5 .5
+    for layer in range(2):
+        policy.plan_layer(layer, prev[layer], cache)
+    verify = step(1, "verify", 4, gamma=2)  # T_draft = 2 -> two copies while drafting
+    assert [(r.layer, r.expert, r.priority) for r in policy.begin_step(verify, cache)] == [(0, 0, 0.75), (1, 2, 0.5)]
+    policy.reset(ctx)
+    for layer in range(2):
+        policy.plan_layer(layer, prev[layer], cache)
+    mask = np.zeros((2, 4), bool)
+    mask[1, 2] = True
+    cache.place(mask)  # phase I: (1, 2) is already resident, so the budget goes further down the buffer
+    assert [(r.layer, r.expert) for r in policy.begin_step(verify, cache)] == [(0, 0), (1, 3)]
+
+
+# -- every policy ------------------------------------------------------------------------------------
+
+PARTITIONED = ("mixtral-offloading", "hybrimoe", "fate", "lru", "lfu", "moe-infinity", "sp-moe", "specexp")
+
+
+@pytest.mark.parametrize("per_layer", [None, 3])
+def test_every_policy_runs_exactly_once_per_activation(per_layer):
+    L, E, k = 4, 8, 2
+    steps = random_steps(L, E, k, 8, seed=1)
+    warm = np.random.default_rng(2).integers(0, 9, (L, E))
+    for name in BASELINES if per_layer is None else PARTITIONED:
+        ctx = context(L, E, k, 12, signals=ALL_SIGNALS, warmup_counts=warm, per_layer_capacity=per_layer)
+        run = drive(make_policy(name), ctx, steps)  # the driver checks the cache invariants every layer
+        c = run.cache.counters
+        assert run.placement.sum() <= 12, name
+        assert c.activations == sum(int((counts > 0).sum()) for _, counts in steps), name
+        assert all(log.device.isdisjoint(log.host) for s in run.layers for log in s), name
+
+
+def test_missing_signals_fail_in_reset_naming_the_signal():
+    checked = 0
+    for name in BASELINES:
+        policy = make_policy(name)
+        needed = list(policy.requires) + (["draft"] if policy.needs_draft else [])
+        for signal in needed:
+            ctx = context(2, 4, 1, 4, signals=[s for s in ALL_SIGNALS if s != signal],
+                          warmup_counts=np.ones((2, 4)))
+            with pytest.raises(MoespacError, match=f"'{signal}'"):
+                policy.reset(ctx)
+            checked += 1
+    assert checked == 6  # llamacpp-sd, sp-moe, moe-speq (draft); fiddler (warmup); fate, specexp (cross)
+    with pytest.raises(MoespacError, match="'warmup_counts'"):
+        make_policy("ktransformers:strategy=frequency").reset(context(2, 4, 1, 4))
+
+
+def test_policy_list_prints_every_policy_aligned(capsys):
+    assert main(["policy", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["NAME", "LOSSLESS", "NEEDS_DRAFT", "REQUIRES"]
+    names = [line.split()[0] for line in lines[1:]]
+    assert names == sorted(policies()) and set(BASELINES) <= set(names)
+    col = lines[0].index("SOURCE")
+    for line, name in zip(lines[1:], names):
+        assert line[col - 2:col] == "  " and line[col] != " " and line[col:] == (policies()[name].source or "-")
+    fate = next(line for line in lines if line.startswith("fate "))
+    assert fate.split()[1:4] == ["yes", "no", "cross_layer_topk"]
