@@ -137,6 +137,9 @@ class HybridRuntime:
 
     def begin_step(self, step: StepInfo) -> None:
         """Before drafting: the policy may queue prefetches that overlap the draft phase."""
+        if "cross_layer_topk" in self.policy.requires:  # row l is filled when layer l runs, before end_layer(l)
+            L, k = self.topology.num_layers, self.topology.top_k
+            step.signals["cross_layer_topk"] = np.full((L, step.num_tokens, k), -1, dtype=np.int64)
         self.step = step
         if self.recorder is not None:
             self.recorder.begin(step.kind, step.signals.get("request", 0), step.num_tokens, step.gamma)
@@ -238,12 +241,16 @@ class HybridRuntime:
             torch.cuda.current_stream(self.device).wait_stream(self.store.copy_stream)
         out = self._compute(module, hidden, ids_host, weights, counts, on_device, slots, T, k)
         self.store.mark_compute()
+        cross = self._cross_layer(layer, hidden)
+        if cross is not None and self.step is not None and "cross_layer_topk" in self.step.signals:
+            self.step.signals["cross_layer_topk"][layer] = cross
         with self.cv:
             cache.frozen[layer] = False
             requests = self.policy.end_layer(layer, counts, cache)
         self._push(requests)
         if self.recorder is not None:
-            self._record(layer, hidden, ids_host.view(T, k), weights, time.perf_counter() - t0)
+            self.recorder.layer(layer, ids_host.view(T, k).numpy(), weights.detach().float().cpu().numpy(), cross,
+                                time.perf_counter() - t0)
         return out
 
     def _compute(self, module, hidden, ids_host, weights, counts, on_device, slots, T, k):
@@ -272,14 +279,17 @@ class HybridRuntime:
         w = weights.to(rows_out.dtype).reshape(T, k, 1)
         return (rows_out.view(T, k, H) * w).sum(dim=1).to(hidden.dtype)
 
-    def _record(self, layer, hidden, ids, weights, seconds) -> None:
-        cross = None
-        if self.config.trace_cross_layer and layer + 1 < self.topology.num_layers:
-            router = self.routers[layer + 1]
-            if router is not None and hasattr(router, "weight"):
-                logits = F.linear(hidden.to(router.weight.dtype), router.weight)
-                cross = torch.topk(logits, self.topology.top_k, dim=-1).indices.cpu().numpy()
-        self.recorder.layer(layer, ids.numpy(), weights.detach().float().cpu().numpy(), cross, seconds)
+    def _cross_layer(self, layer: int, hidden: torch.Tensor) -> np.ndarray | None:
+        """Top-k of layer l+1's router on layer l's input (Fate / SpecExp predictors); None at the last layer
+        or when neither the policy nor the trace wants it."""
+        wanted = "cross_layer_topk" in self.policy.requires or (self.recorder is not None and self.config.trace_cross_layer)
+        if not wanted or layer + 1 >= self.topology.num_layers:
+            return None
+        router = self.routers[layer + 1]
+        if router is None or not hasattr(router, "weight"):
+            return None
+        logits = F.linear(hidden.to(router.weight.dtype), router.weight)
+        return torch.topk(logits, self.topology.top_k, dim=-1).indices.cpu().numpy()
 
     # -- results -------------------------------------------------------------------------------------
     def stats(self) -> dict:

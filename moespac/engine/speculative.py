@@ -105,29 +105,84 @@ class GenerationResult:
                     tokens_per_second=self.tokens_per_second, latency_s=self.prefill_s + self.decode_s)
 
 
-class _Model:
-    """A causal LM with its KV cache and the count of tokens the cache holds."""
+class _Cached:
+    """A causal LM over a batch, with its KV cache and a validity mask over cache columns.
 
-    def __init__(self, model):
+    Sequences of a batch accept different numbers of drafts, so the cache columns are shared while
+    `valid[b, c]` says whether column c belongs to sequence b (rejected drafts and padding do not).
+    Columns past every sequence's last valid one are cropped for real; holes are masked out and
+    compacted away when they pile up. With batch 1 this is an exact crop and no mask holes.
+    """
+
+    def __init__(self, model, batch: int):
         from transformers import DynamicCache
 
         self.model = model
+        self.device = model.get_input_embeddings().weight.device
         self.cache = DynamicCache(config=model.config)
-        self.cached = 0
+        self.valid = torch.zeros((batch, 0), dtype=torch.bool, device=self.device)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.valid.sum(1)
 
     @torch.no_grad()
-    def forward(self, tokens: list[int]) -> torch.Tensor:
-        """Feed `tokens` (those after the cached prefix); returns logits [len(tokens), V]."""
-        dev = self.model.get_input_embeddings().weight.device
-        ids = torch.tensor([tokens], device=dev)
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True)
-        self.cached += len(tokens)
-        return out.logits[0]
+    def forward(self, pending: list[list[int]]) -> torch.Tensor:
+        """Feed each sequence's pending tokens (left-padded to one width); logits [B, width, V]."""
+        width = max(len(p) for p in pending)
+        ids = torch.zeros((len(pending), width), dtype=torch.long)
+        new_valid = torch.zeros((len(pending), width), dtype=torch.bool)
+        for b, p in enumerate(pending):
+            if p:
+                ids[b, width - len(p):] = torch.tensor(p)
+                new_valid[b, width - len(p):] = True
+        ids, new_valid = ids.to(self.device), new_valid.to(self.device)
+        pos = (self.lengths[:, None] + torch.cumsum(new_valid, 1) - 1).clamp_min(0)
+        mask = torch.cat([self.valid, new_valid], 1)
+        batched = len(pending) > 1 or not bool(mask.all())
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, position_ids=pos,
+                         attention_mask=mask.long() if batched else None)
+        self.valid = mask
+        return out.logits
 
-    def crop(self, n: int) -> None:
-        if n < self.cached:
-            self.cache.crop(n - self.cached)  # transformers 5: a negative count of tokens to drop
-            self.cached = n
+    def keep(self, lengths: list[int]) -> None:
+        """Keep the first lengths[b] valid columns of each sequence; drop the rest."""
+        rank = torch.cumsum(self.valid, 1)
+        self.valid &= rank <= torch.tensor(lengths, device=self.device)[:, None]
+        used = torch.nonzero(self.valid.any(0))
+        last = int(used.max()) + 1 if len(used) else 0
+        if last < self.valid.shape[1]:
+            self.cache.crop(last - self.valid.shape[1])  # transformers 5: a negative count of columns to drop
+            self.valid = self.valid[:, :last]
+        if self.valid.shape[1] > 64 and self.valid.float().mean() < 0.5:
+            self._compact()
+
+    def select(self, rows: list[int]) -> None:
+        """Retire finished sequences: keep only `rows` of the batch."""
+        idx = torch.tensor(rows, device=self.device)
+        self.cache.batch_select_indices(idx)
+        self.valid = self.valid[idx]
+
+    def _compact(self) -> None:
+        """Drop mask holes: move each sequence's valid columns to the right, left-padding the rest."""
+        lengths = self.lengths
+        width = int(lengths.max())
+        B, T = self.valid.shape
+        # target column of every valid entry: right-aligned by its rank among the sequence's valid columns
+        dest = torch.cumsum(self.valid, 1) - 1 + (width - lengths)[:, None]
+        src_b, src_c = torch.nonzero(self.valid, as_tuple=True)
+        dst_c = dest[src_b, src_c]
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                if t is None or t.numel() == 0:
+                    continue
+                new = t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])
+                new[src_b, :, dst_c] = t[src_b, :, src_c]
+                setattr(layer, name, new)
+        valid = torch.zeros((B, width), dtype=torch.bool, device=self.device)
+        valid[src_b, dst_c] = True
+        self.valid = valid
 
 
 def _sync(model) -> None:
@@ -135,107 +190,151 @@ def _sync(model) -> None:
         torch.cuda.synchronize()
 
 
-def generate(target, prompt: list[int], *, draft=None, gamma: int = 8, max_new_tokens: int = 64,
-             sampling: Sampling = Sampling(), runtime=None, eos_token_id: int | None = None,
-             request: int = 0, ignore_eos: bool = False) -> GenerationResult:
-    """Generate up to `max_new_tokens` after `prompt`: speculative with `draft`, else autoregressive.
+def check_batch(prompts: list[list[int]], max_batch: int, limit: int | None, max_new_tokens: int, gamma: int) -> None:
+    if not prompts:
+        raise MoespacError("batch size 0: give at least one prompt")
+    if len(prompts) > max_batch:
+        raise MoespacError(f"batch size {len(prompts)} exceeds the configured maximum {max_batch}")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise MoespacError(f"prompt {i} is empty")
+        if limit and len(p) + max_new_tokens + gamma + 1 > limit:
+            raise MoespacError(f"prompt {i} of {len(p)} tokens + {max_new_tokens} new tokens does not fit the "
+                               f"target's context of {limit}")
 
-    `runtime` (a HybridRuntime installed on `target`) is told about each step so the policy sees it.
-    """
+
+def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int = 8, max_new_tokens: int = 64,
+                   sampling: Sampling = Sampling(), runtime=None, eos_token_id: int | None = None,
+                   request: int = 0, ignore_eos: bool = False, max_batch: int = 32) -> list[GenerationResult]:
+    """Generate for B prompts together: drafted together, verified in one target pass, each sequence keeping
+    its own accepted length; finished sequences leave the batch. Autoregressive when `draft` is None."""
     if draft is not None and gamma < 1:
         raise MoespacError(f"gamma {gamma} must be >= 1 for speculative decoding")
     if max_new_tokens < 1:
         raise MoespacError(f"max_new_tokens {max_new_tokens} must be >= 1")
-    if not prompt:
-        raise MoespacError("empty prompt")
-    limit = getattr(target.config, "max_position_embeddings", None)
-    if limit and len(prompt) + max_new_tokens + gamma + 1 > limit:
-        raise MoespacError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens does not fit the target's "
-                           f"context of {limit}")
+    check_batch(prompts, max_batch, getattr(target.config, "max_position_embeddings", None), max_new_tokens,
+                gamma if draft is not None else 0)
     gen = torch.Generator().manual_seed(sampling.seed)
-    tgt = _Model(target)
-    dft = _Model(draft) if draft is not None else None
-    res = GenerationResult(tokens=[], prompt_tokens=len(prompt))
-    seq = list(prompt)
+    B = len(prompts)
+    tgt = _Cached(target, B)
+    dft = _Cached(draft, B) if draft is not None else None
+    results = [GenerationResult(tokens=[], prompt_tokens=len(p)) for p in prompts]
+    seqs = [list(p) for p in prompts]
+    live = list(range(B))  # batch row -> request index
 
     def choose(logits: torch.Tensor) -> int:
         if sampling.greedy:
             return int(torch.argmax(logits))
         return int(torch.multinomial(sampling.probs(logits), 1, generator=gen))
 
-    def step_info(index, kind, n, g):
+    def finished(i: int) -> bool:
+        r = results[i]
+        return len(r.tokens) >= max_new_tokens or (not ignore_eos and eos_token_id is not None and r.tokens[-1] == eos_token_id)
+
+    def info(index, kind, n, g):
         return StepInfo(index=index, kind=kind, num_tokens=n, gamma=g, signals={"request": request})
 
-    # prefill: the whole prompt in one target forward, emitting the first token
+    # prefill: every prompt in one target forward, each emitting its first token
     t0 = time.perf_counter()
     if runtime is not None:
-        runtime.begin_step(step_info(0, "prefill", len(seq), 0))
-    logits = tgt.forward(seq)
-    first = choose(logits[-1])
+        runtime.begin_step(info(0, "prefill", B * max(map(len, prompts)), 0))
+    logits = tgt.forward(seqs)[:, -1]
+    for b in range(B):
+        tok = choose(logits[b])
+        seqs[b].append(tok)
+        results[b].tokens.append(tok)
     _sync(target)
-    res.prefill_s = time.perf_counter() - t0
+    prefill_s = time.perf_counter() - t0
     if runtime is not None:
-        runtime.end_step(0, 1, 0.0, res.prefill_s)
-    seq.append(first)
-    res.tokens.append(first)
+        runtime.end_step(0, B, 0.0, prefill_s)
 
-    t_start = time.perf_counter()
-    while len(res.tokens) < max_new_tokens and (ignore_eos or eos_token_id is None or res.tokens[-1] != eos_token_id):
-        res.steps += 1
-        if dft is None:  # autoregressive: one token per target forward
+    t_start, step = time.perf_counter(), 0
+    while True:
+        keep_rows = [row for row, i in enumerate(live) if not finished(i)]
+        if not keep_rows:
+            break
+        if len(keep_rows) < len(live):
+            tgt.select(keep_rows)
+            if dft is not None:
+                dft.select(keep_rows)
+            live = [live[row] for row in keep_rows]
+        n, step = len(live), step + 1
+        tgt_pending = [seqs[i][int(tgt.lengths[row]):] for row, i in enumerate(live)]
+        if dft is None:  # autoregressive: one token per sequence per target forward
             if runtime is not None:
-                runtime.begin_step(step_info(res.steps, "ar", 1, 0))
+                runtime.begin_step(info(step, "ar", n, 0))
             t1 = time.perf_counter()
-            tok = choose(tgt.forward(seq[tgt.cached:])[-1])
+            logits = tgt.forward(tgt_pending)[:, -1]
+            for row, i in enumerate(live):
+                tok = choose(logits[row])
+                seqs[i].append(tok)
+                results[i].tokens.append(tok)
+                results[i].steps += 1
             _sync(target)
             dt = time.perf_counter() - t1
-            res.target_s += dt
-            seq.append(tok)
-            res.tokens.append(tok)
+            for i in live:
+                results[i].target_s += dt
             if runtime is not None:
-                runtime.end_step(0, 1, 0.0, dt)
+                runtime.end_step(0, n, 0.0, dt)
             continue
-        pending = seq[tgt.cached:]  # tokens the target has not seen yet (normally 1)
+        width = max(map(len, tgt_pending))
         if runtime is not None:
-            runtime.begin_step(step_info(res.steps, "verify", len(pending) + gamma, gamma))
-        # draft phase
+            runtime.begin_step(info(step, "verify", n * (width + gamma), gamma))
+        # draft phase: gamma tokens for every live sequence
         t1 = time.perf_counter()
-        drafts, qs = [], []
+        drafts = [[] for _ in live]
+        qs = [[] for _ in live]
         for _ in range(gamma):
-            dl = dft.forward((seq + drafts)[dft.cached:])[-1]
-            if sampling.greedy:
-                drafts.append(int(torch.argmax(dl)))
-            else:
-                q = sampling.probs(dl)
-                qs.append(q)
-                drafts.append(int(torch.multinomial(q, 1, generator=gen)))
+            dl = dft.forward([(seqs[i] + drafts[row])[int(dft.lengths[row]):] for row, i in enumerate(live)])[:, -1]
+            for row in range(n):
+                if sampling.greedy:
+                    drafts[row].append(int(torch.argmax(dl[row])))
+                else:
+                    q = sampling.probs(dl[row])
+                    qs[row].append(q)
+                    drafts[row].append(int(torch.multinomial(q, 1, generator=gen)))
         _sync(draft)
         t2 = time.perf_counter()
-        # verify phase: pending + gamma drafts in one target forward
-        logits = tgt.forward(pending + drafts)[-(gamma + 1):]
-        d = torch.tensor(drafts)
-        if sampling.greedy:
-            m, nxt = greedy_accept(torch.argmax(logits, dim=-1).cpu(), d)
-        else:
-            m, nxt = stochastic_accept(sampling.probs(logits).cpu(), torch.stack(qs).cpu(), d, gen)
+        # verify phase: pending + gamma drafts of every sequence in one target forward
+        logits = tgt.forward([tgt_pending[row] + drafts[row] for row in range(n)])[:, -(gamma + 1):]
+        accepted, emitted, keep_t, keep_d = 0, 0, [], []
+        for row, i in enumerate(live):
+            d = torch.tensor(drafts[row])
+            if sampling.greedy:
+                m, nxt = greedy_accept(torch.argmax(logits[row], dim=-1).cpu(), d)
+            else:
+                m, nxt = stochastic_accept(sampling.probs(logits[row]).cpu(), torch.stack(qs[row]).cpu(), d, gen)
+            base = len(seqs[i])
+            keep_t.append(base + m)  # target cache keeps seq + accepted drafts
+            keep_d.append(min(int(dft.lengths[row]), base + m))
+            new = drafts[row][:m] + [nxt]
+            if not ignore_eos and eos_token_id is not None and eos_token_id in new:
+                new = new[:new.index(eos_token_id) + 1]
+            new = new[:max_new_tokens - len(results[i].tokens)]
+            seqs[i].extend(new)
+            r = results[i]
+            r.tokens.extend(new)
+            r.steps += 1
+            r.drafted += gamma
+            r.accepted += m
+            r.accepted_per_step.append(m)
+            accepted += m
+            emitted += len(new)
+        tgt.keep(keep_t)
+        dft.keep(keep_d)
         _sync(target)
         t3 = time.perf_counter()
-        new = drafts[:m] + [nxt]
-        base = len(seq)
-        tgt.crop(base + m)  # target cache keeps seq + accepted drafts
-        dft.crop(min(dft.cached, base + m))
-        room = max_new_tokens - len(res.tokens)
-        if not ignore_eos and eos_token_id is not None and eos_token_id in new:
-            new = new[:new.index(eos_token_id) + 1]
-        new = new[:room]
-        seq.extend(new)
-        res.tokens.extend(new)
-        res.drafted += gamma
-        res.accepted += m
-        res.accepted_per_step.append(m)
-        res.draft_s += t2 - t1
-        res.target_s += t3 - t2
+        for i in live:
+            results[i].draft_s += t2 - t1
+            results[i].target_s += t3 - t2
         if runtime is not None:
-            runtime.end_step(m, len(new), t2 - t1, t3 - t2)
-    res.decode_s = time.perf_counter() - t_start
-    return res
+            runtime.end_step(accepted, emitted, t2 - t1, t3 - t2)
+    decode_s = time.perf_counter() - t_start
+    for r in results:
+        r.prefill_s, r.decode_s = prefill_s, decode_s
+    return results
+
+
+def generate(target, prompt: list[int], **kwargs) -> GenerationResult:
+    """Generate for one prompt (speculative with `draft=`, else autoregressive); see generate_batch."""
+    return generate_batch(target, [prompt], **kwargs)[0]
