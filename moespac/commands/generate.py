@@ -63,7 +63,7 @@ def run(args) -> int:
     print(f"cache hit rate {stats['hit_rate']:.3f}   hits {stats['hits']}   on-demand loads {stats['loads']}   "
           f"host-computed experts {stats['host']}   prefetched {stats['prefetched']}   "
           f"bytes copied {stats['bytes_copied']}   slots {stats['capacity']}   policy {stats['policy']}")
-    tau = stats["policy_stats"].get("tau_per_layer")
+    tau = stats["policy_stats"].get("tau_per_layer_mean")
     if tau is not None:
         print("tau per layer " + " ".join(f"{t:.2f}" if isinstance(t, float) else str(t) for t in tau))
     if args.trace:
