@@ -12,7 +12,7 @@ def register(sub) -> None:
     p.add_argument("--prompts", type=int, default=20, help="number of built-in prompts")
     p.add_argument("--gammas", type=ints, default=[1, 4, 8])
     p.add_argument("--cache-ratios", type=floats, default=[0.0, 0.5, 1.0])
-    p.add_argument("--batch-sizes", type=ints, default=[1], help="batch sizes (batched decoding: batch 1 only for now)")
+    p.add_argument("--batch-sizes", type=ints, default=[1], help="batch sizes: prompts are decoded B at a time")
     p.add_argument("--policy", default="lru")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.set_defaults(func=run)
@@ -31,21 +31,22 @@ def run(args) -> int:
         raise MoespacError(f"--cache-ratios {args.cache_ratios}: every ratio must be in [0, 1]")
     if args.prompts < 1:
         raise MoespacError(f"--prompts {args.prompts} must be >= 1")
-    if args.batch_sizes != [1]:
-        raise MoespacError(f"--batch-sizes {args.batch_sizes}: batched speculative decoding is not implemented yet (batch 1 only)")
+    if any(b < 1 for b in args.batch_sizes):
+        raise MoespacError(f"--batch-sizes {args.batch_sizes}: every batch size must be >= 1")
     target, draft, tok, device = load_models(args)
     prompts = [encode_prompt(tok, t) for t in builtin_prompts(args.prompts)]
-    total = len(prompts) * len(args.gammas) * len(args.cache_ratios)
+    total = len(prompts) * len(args.gammas) * len(args.cache_ratios) * len(args.batch_sizes)
     with tqdm(total=total, desc="check-lossless", unit="run", leave=False) as bar:
         target.to(device)
         n, bad = check_lossless(target, draft, prompts, args.gammas, args.cache_ratios, args.policy,
-                                args.max_new_tokens, device, progress=bar.update)
-    combos = f"{len(prompts)} prompts x gammas {args.gammas} x cache ratios {args.cache_ratios}, {args.max_new_tokens} tokens each"
+                                args.max_new_tokens, device, progress=bar.update, batch_sizes=args.batch_sizes)
+    combos = (f"{len(prompts)} prompts x batch sizes {args.batch_sizes} x gammas {args.gammas} x cache ratios "
+              f"{args.cache_ratios}, {args.max_new_tokens} tokens each")
     if bad:
         for m in bad[:20]:
-            print(f"MISMATCH prompt {m.prompt} gamma {m.gamma} cache ratio {m.cache_ratio}: first differs at "
+            print(f"MISMATCH prompt {m.prompt} batch {m.batch_size} gamma {m.gamma} cache ratio {m.cache_ratio}: first differs at "
                   f"token {m.position} (autoregressive {m.expected}, speculative {m.got})")
         print(f"FAIL: {len(bad)}/{n} runs differ ({combos})")
         return 1
-    print(f"OK: greedy speculative output equals greedy autoregressive output token for token in all {n} runs ({combos})")
+    print(f"OK: greedy speculative output equals greedy autoregressive output token for token in all {n} sequences ({combos})")
     return 0
