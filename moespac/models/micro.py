@@ -50,14 +50,14 @@ def draft_config(vocab_size: int, **overrides):
     return Qwen3Config(**cfg)
 
 
-def build_micro(arch: str = "qwen3_moe", vocab_size: int = 320, seed: int = 0, dtype=torch.float32):
-    """Return (target, draft, tokenizer), random weights, in memory."""
+def build_micro(arch: str = "qwen3_moe", vocab_size: int = 320, seed: int = 0, dtype=torch.float32, **target_overrides):
+    """Return (target, draft, tokenizer), random weights, in memory; overrides go to the target config."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = train_tokenizer(builtin_corpus(), vocab_size)
     vocab = len(tokenizer)
     torch.manual_seed(seed)
-    target = AutoModelForCausalLM.from_config(target_config(arch, vocab), dtype=dtype)
+    target = AutoModelForCausalLM.from_config(target_config(arch, vocab, **target_overrides), dtype=dtype)
     # Random init of the router is near-uniform; widen it so routing is decisive like a trained model's
     with torch.no_grad():
         for name, p in target.named_parameters():
