@@ -21,9 +21,9 @@ def ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def add_model_args(p: argparse.ArgumentParser, draft_required: bool = False) -> None:
+def add_model_args(p: argparse.ArgumentParser, draft_required: bool = False, target_required: bool = True) -> None:
     g = p.add_argument_group("models")
-    g.add_argument("--target", required=True, help="target MoE model: local folder or hub id")
+    g.add_argument("--target", required=target_required, help="target MoE model: local folder or hub id")
     g.add_argument("--draft", required=draft_required, default=None,
                    help="draft model (local folder or hub id); omit for autoregressive decoding")
     g.add_argument("--dtype", default="auto", help="auto, fp32, bf16, fp16 or fp64")

@@ -1,0 +1,480 @@
+"""The run harness: a benchmark's prompts through the real engine -> one result record, samples kept raw.
+
+Protocol (paper Sec. 4.1): batch 1, at most 512 new tokens, gamma = 8, greedy, stop at EOS (`ignore_eos`
+fixes the output length instead, as vLLM and optimum-benchmark do). Warm-up calls run first and are left
+out. Every engine call (a batch of prompts at one conversation turn) starts with a cold expert cache, as
+the simulator's requests do, and is one request of the activation trace; prefill and decode are timed apart.
+
+timing 'measured': the numbers are the engine's wall clock. timing 'simulated': the same engine run only
+records the trace (routing does not depend on the policy), which moespac.sim replays through the policy
+on a hardware profile; per-request facts (tokens, acceptances) stay those of the engine run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moespac.bench import datasets
+from moespac.bench.records import load_valid_record, write_failure, write_result
+from moespac.errors import MoespacError
+from moespac.hashing import stable_hash
+from moespac.record import make_record
+from moespac.registry import parse_policy
+
+log = logging.getLogger(__name__)
+
+TURNS = ("all", "first")
+COUNTERS = ("hits", "loads", "host", "prefetched", "prefetch_dropped", "prefetch_refused", "evictions", "bytes_copied")
+TRACE_POLICY = "all-host"  # of a trace-only engine run: the hybrid split keeps the numerics, so any policy routes alike
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark run."""
+
+    benchmark: str
+    """Benchmark name (one of the seven; aliases accepted)."""
+    target: str | None = None
+    """Target MoE model: local folder or hub id (not needed with from_trace)."""
+    draft: str | None = None
+    """Draft model: local folder or hub id; None = autoregressive decoding."""
+    policy: str = "moespac"
+    """Scheduling policy, name[:key=value,...]."""
+    gamma: int = 8
+    """Draft length; 0 = autoregressive (the draft is not loaded)."""
+    batch_size: int = 1
+    """Prompts per engine call (the paper: 1)."""
+    max_new_tokens: int = 512
+    """Generation length cap per request (the paper: 512)."""
+    ignore_eos: bool = False
+    """Generate exactly max_new_tokens (fixed output length) instead of stopping at EOS."""
+    temperature: float = 0.0
+    """0 = greedy; > 0 = speculative sampling at this temperature."""
+    warmup: int = 1
+    """Warm-up engine calls (each a batch of first turns) run before the measured ones and left out."""
+    limit: int | None = None
+    """Use a seeded sample of this many prompts; None = all."""
+    seed: int = 0
+    """Seed of the prompt sample and of sampling."""
+    source: str = "offline"
+    """Prompt source: 'offline' (committed sets) or 'hub'."""
+    turns: str = "all"
+    """'all' turns of multi-turn prompts (MT-bench; later turns follow the model's answers) or the 'first'."""
+    cache_ratio: float = 0.5
+    """Device expert slots / all routed experts, in [0, 1]."""
+    cache_gib: float | None = None
+    """Device expert cache in GiB (overrides cache_ratio)."""
+    per_layer: bool = False
+    """Partition the slots per layer instead of one global pool."""
+    copy_mode: str = "async"
+    """Prefetch copies on a worker thread ('async') or at the end of the asking layer ('sync')."""
+    dtype: str = "auto"
+    """Model dtype: auto, fp32, bf16, fp16 or fp64."""
+    device: str | None = None
+    """Device for non-expert weights and the expert cache; None = cuda if available."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub."""
+    timing: str = "measured"
+    """'measured' (the engine's wall clock) or 'simulated' (trace replayed on a hardware profile)."""
+    hardware: str | None = None
+    """Simulated only: built-in profile name or profile YAML path."""
+    model_spec: str = "trace"
+    """Simulated only: registry name whose expert sizes are simulated, or 'trace' (the traced model's)."""
+    allow_topology_mismatch: bool = False
+    """Simulated only: map trace layers/experts onto model_spec by modulo when they differ."""
+    from_trace: str | None = None
+    """Simulated only: replay this trace (recorded by a bench run) instead of running the engine."""
+
+    def __post_init__(self):
+        datasets.get_benchmark(self.benchmark)  # unknown name -> MoespacError naming it and the known ones
+        checks = [
+            (self.timing in ("measured", "simulated"), f"timing {self.timing!r}: 'measured' or 'simulated'"),
+            (self.timing == "simulated" or not (self.hardware or self.from_trace or self.model_spec != "trace"),
+             "hardware / from_trace / model_spec need timing 'simulated'"),
+            (self.timing == "measured" or bool(self.hardware), "timing 'simulated' needs hardware (a profile)"),
+            (bool(self.target) or bool(self.from_trace), "target is required (or from_trace, to replay a trace)"),
+            (self.gamma >= 0, f"gamma {self.gamma} must be >= 0"),
+            (self.batch_size >= 1, f"batch_size {self.batch_size} must be >= 1"),
+            (self.max_new_tokens >= 1, f"max_new_tokens {self.max_new_tokens} must be >= 1"),
+            (self.warmup >= 0, f"warmup {self.warmup} must be >= 0"),
+            (self.limit is None or self.limit >= 1, f"limit {self.limit} must be >= 1"),
+            (self.temperature >= 0, f"temperature {self.temperature} must be >= 0"),
+            (self.source in datasets.SOURCES, f"source {self.source!r}: one of {', '.join(datasets.SOURCES)}"),
+            (self.turns in TURNS, f"turns {self.turns!r}: one of {', '.join(TURNS)}"),
+            (0.0 <= self.cache_ratio <= 1.0, f"cache_ratio {self.cache_ratio} outside [0, 1]"),
+            (self.cache_gib is None or self.cache_gib >= 0, f"cache_gib {self.cache_gib} must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise MoespacError(message)
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.draft) and self.gamma > 0
+
+
+@dataclass
+class Prepared:
+    """What a run resolves before any model is loaded: the hashed config, and the trace / profile it reads."""
+
+    config: dict
+    trace_config: dict
+    """The part of the config that decides the trace (models by id, prompts, decoding)."""
+    target: str | None
+    draft: str | None
+    """Model references as loaded: absolute paths of local folders, else hub ids."""
+    trace: object = None  # moespac.trace.Trace when replaying from_trace
+    profile: object = None  # moespac.sim.profile.HardwareProfile when simulated
+
+
+# ---- entry points ---------------------------------------------------------------------------------------
+
+def run_to_file(cfg: BenchConfig, out, trace_out=None, progress: bool = True, skip_valid: bool = False) -> dict:
+    """Run and write the record to `out` atomically; on any error write OUT.failure.json instead and re-raise.
+
+    skip_valid: when `out` already holds a valid, complete record of this very config, return it unrun.
+    """
+    config = {"requested": asdict(cfg)}  # until the config resolves
+    try:
+        prep = prepare(cfg)
+        config = prep.config
+        if skip_valid:
+            old = load_valid_record(out, stable_hash(config))
+            if old is not None:
+                return old
+        record = execute(cfg, prep, trace_out, progress)
+        write_result(out, record)
+        return record
+    except BaseException as e:
+        write_failure(out, "bench", cfg.timing, config, e)
+        raise
+
+
+def run_bench(cfg: BenchConfig, trace_out=None, progress: bool = True) -> dict:
+    """Run `cfg` and return its record (nothing written but the optional trace)."""
+    return execute(cfg, prepare(cfg), trace_out, progress)
+
+
+def prepare(cfg: BenchConfig) -> Prepared:
+    """Resolve the config that names this run (model ids, profile hash, trace id); fails fast on bad input."""
+    from moespac.commands._common import default_device
+
+    profile, trace = None, None
+    if cfg.timing == "simulated":
+        from moespac.sim.profile import load_profile
+
+        profile = load_profile(cfg.hardware)
+    if cfg.from_trace:
+        from moespac.trace import load_trace
+
+        trace = load_trace(cfg.from_trace)
+        if not isinstance(trace.meta.get("bench"), dict):
+            raise MoespacError(f"trace {cfg.from_trace} was not recorded by `moespac bench` (no per-request facts); "
+                               "replay it with `moespac simulate`")
+        tcfg, target, draft = trace.meta["bench"]["config"], trace.meta.get("target"), trace.meta.get("draft")
+        if tcfg["benchmark"] != datasets.get_benchmark(cfg.benchmark).name:
+            raise MoespacError(f"trace {cfg.from_trace} records benchmark {tcfg['benchmark']!r}, not {cfg.benchmark!r}")
+    else:
+        spec = cfg.speculative
+        target, draft = _ref(cfg.target), _ref(cfg.draft) if spec else None
+        tcfg = dict(benchmark=datasets.get_benchmark(cfg.benchmark).name, source=cfg.source, limit=cfg.limit,
+                    seed=cfg.seed, turns=cfg.turns, target_id=model_id(target), draft_id=model_id(draft),
+                    gamma=cfg.gamma if spec else 0, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                    ignore_eos=cfg.ignore_eos, temperature=cfg.temperature, dtype=cfg.dtype)
+    config = dict(tcfg, timing=cfg.timing, policy=cfg.policy, cache_ratio=cfg.cache_ratio, cache_gib=cfg.cache_gib,
+                  per_layer=cfg.per_layer)
+    if cfg.timing == "measured":
+        config.update(copy_mode=cfg.copy_mode, device=default_device(cfg.device), warmup=cfg.warmup)
+    else:
+        config.update(hardware=profile.name, hardware_sha256=profile.sha256, model_spec=cfg.model_spec,
+                      allow_topology_mismatch=cfg.allow_topology_mismatch,
+                      trace_id=trace.trace_id() if trace is not None else trace_id(tcfg))
+    return Prepared(config, tcfg, target, draft, trace, profile)
+
+
+def _ref(ref: str | None) -> str | None:
+    """A local model folder as an absolute path (a trace read elsewhere still finds it); a hub id as given."""
+    return str(Path(ref).expanduser().resolve()) if ref and Path(ref).expanduser().is_dir() else ref
+
+
+def trace_id(tcfg: dict) -> str:
+    """Traces of the same models, prompts and decoding settings share an id."""
+    return f"bench-{tcfg['benchmark']}-{stable_hash(tcfg)}"
+
+
+def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = True) -> dict:
+    """Run (or replay) and assemble the record."""
+    tcfg = prep.trace_config
+    bench = datasets.get_benchmark(tcfg["benchmark"])
+    trace_path = trace_out or cfg.from_trace
+    if prep.trace is not None:
+        trace = prep.trace
+    else:
+        prompts = datasets.seeded_sample(datasets.load_benchmark(bench.name, source=cfg.source), cfg.limit, cfg.seed)
+        trace, calls, policy_stats = engine_run(cfg, prep, prompts, progress)
+        if trace_out:
+            trace.save(trace_out)
+    if cfg.timing == "measured":
+        extra = dict(profile=None)
+    else:
+        calls, policy_stats, extra = simulated_calls(cfg, trace, trace_path)
+    facts = trace.meta["bench"]
+    metrics, samples = summarize(facts["rows"], calls, trace)
+    name, options = parse_policy(cfg.policy)
+    proxy = any(facts["proxy"])
+    return make_record(
+        "bench", cfg.timing, prep.config, metrics,
+        benchmark=dict(name=bench.name, display=bench.display, label=bench.proxy_label if proxy else bench.display,
+                       source=tcfg["source"], proxy=proxy),
+        models=dict(target=prep.target, draft=prep.draft, target_id=tcfg["target_id"], draft_id=tcfg["draft_id"],
+                    card=_model_card(prep.target)),
+        trace=dict(id=trace.trace_id(), path=str(trace_path) if trace_path else None, model=prep.target,
+                   model_spec=trace.meta["model_spec"].get("name"), steps=trace.num_steps,
+                   engine_policy=trace.meta.get("policy")),
+        policy=dict(spec=cfg.policy, name=name, options=options, stats=policy_stats or {}),
+        counts=dict(prompts=facts["prompts"], requests=len(samples), skipped=len(facts["skipped"]),
+                    warmup=cfg.warmup if cfg.timing == "measured" else 0),
+        requests=samples, calls=calls, skipped=facts["skipped"], **extra)
+
+
+# ---- the engine run ----------------------------------------------------------------------------------------
+
+def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool = True):
+    """Run the prompts through the engine; returns (trace, calls with measured timing, policy stats).
+
+    The trace's meta['bench'] keeps the per-request facts (tokens, drafts, acceptances) and skips.
+    """
+    from tqdm import tqdm
+
+    from moespac.commands._common import load_models, make_runtime
+    from moespac.engine import speculative
+    from moespac.models.registry import spec_from_config
+    from moespac.trace import TraceRecorder
+
+    measured = cfg.timing == "measured"
+    engine_policy = cfg.policy if measured else TRACE_POLICY
+    tcfg = prep.trace_config
+    ns = argparse.Namespace(target=prep.target, draft=prep.draft, dtype=cfg.dtype, device=cfg.device,
+                            trust_remote_code=cfg.trust_remote_code, policy=engine_policy,
+                            cache_ratio=cfg.cache_ratio if measured else 0.0, cache_gib=cfg.cache_gib if measured else None,
+                            per_layer_cache=cfg.per_layer, copy_mode=cfg.copy_mode)
+    target, draft, tok, device = load_models(ns)
+    gamma = tcfg["gamma"]
+    context = int(getattr(target.config, "max_position_embeddings", 0) or 2**31)
+    items, skipped = fit_prompts(prompts, tok, context, cfg.max_new_tokens, gamma)
+    if not items:
+        raise MoespacError(f"benchmark {tcfg['benchmark']!r}: all {len(prompts)} prompts were skipped "
+                           f"(first: {skipped[0]['reason']})")
+    runtime = make_runtime(ns, target, device)
+    signals = {"draft"} if draft is not None else set()
+
+    def call(batch: list[list[int]], request: int):
+        runtime.start_request(gamma=gamma, batch_size=len(batch), signals=signals)
+        sampling = speculative.Sampling(temperature=cfg.temperature, seed=cfg.seed + max(request, 0))
+        results = speculative.generate_batch(
+            target, batch, draft=draft, gamma=gamma, max_new_tokens=cfg.max_new_tokens, sampling=sampling,
+            runtime=runtime, eos_token_id=tok.eos_token_id, request=request, ignore_eos=cfg.ignore_eos,
+            max_batch=cfg.batch_size)
+        return results, runtime.stats()
+
+    rows, calls = [], []
+
+    def run_turns(group: list) -> None:
+        """Every turn of a batch of prompts, one engine call per turn (later turns carry the earlier answers)."""
+        answers = {p.id: [] for p, _ in group}
+        pending, turn = group, 1
+        while pending:
+            results, stats = call([ids for _, ids in pending], len(calls))
+            calls.append(dict(call=len(calls), size=len(pending), prefill_s=results[0].prefill_s,
+                              decode_s=results[0].decode_s, counters={k: int(stats[k]) for k in COUNTERS}))
+            for (p, _), r in zip(pending, results):
+                rows.append(dict(id=p.id if turn == 1 else f"{p.id}#{turn}", prompt_id=p.id, turn=turn,
+                                 call=calls[-1]["call"], prompt_tokens=r.prompt_tokens, new_tokens=len(r.tokens),
+                                 steps=r.steps, drafted=r.drafted, accepted=r.accepted,
+                                 eos=bool(not cfg.ignore_eos and r.tokens[-1] == tok.eos_token_id)))
+                answers[p.id].append(tok.decode(r.tokens, skip_special_tokens=True))
+            pending, turn = next_turn(pending, answers, turn, cfg, tok, context, gamma, skipped), turn + 1
+
+    try:
+        for w in range(cfg.warmup if measured else 0):
+            call([items[(w * cfg.batch_size + j) % len(items)][1] for j in range(min(cfg.batch_size, len(items)))], -1)
+        spec = spec_from_config(target.config, name=tcfg["target_id"]).to_dict()
+        runtime.recorder = TraceRecorder(runtime.topology, spec, meta=dict(
+            target=prep.target, draft=prep.draft, gamma=gamma, batch_size=cfg.batch_size, policy=engine_policy))
+        with tqdm(total=len(items), unit="prompt", desc=f"bench {tcfg['benchmark']}", leave=False,
+                  disable=not progress, file=sys.stderr, mininterval=1.0) as bar:
+            for start in range(0, len(items), cfg.batch_size):
+                run_turns(items[start:start + cfg.batch_size])
+                bar.update(min(cfg.batch_size, len(items) - start))
+        policy_stats = runtime.stats()["policy_stats"]
+        trace = runtime.recorder.finish(trace_id=trace_id(tcfg), bench=dict(
+            config=tcfg, prompts=len(prompts), rows=rows, skipped=skipped, proxy=[p.proxy for p in prompts]))
+    finally:
+        runtime.close()
+    return trace, calls, policy_stats
+
+
+def fit_prompts(prompts, tokenizer, context: int, max_new_tokens: int, gamma: int):
+    """(fitting (prompt, ids) pairs, skipped [{id, reason}]): first turns that leave room for the new tokens
+    and the gamma + 1 positions a verify pass runs past the text."""
+    enc = datasets.encode_prompts(prompts, tokenizer, max_context=context - gamma - 1, max_new_tokens=max_new_tokens)
+    return enc.items, [dict(id=pid, reason=_room(reason, context, gamma)) for pid, reason in enc.skipped]
+
+
+def next_turn(pending, answers, turn: int, cfg: BenchConfig, tokenizer, context: int, gamma: int, skipped: list):
+    """The (prompt, ids) of the next turn of every pending multi-turn prompt; turns that do not fit are skipped."""
+    if cfg.turns == "first":
+        return []
+    out = []
+    for p, _ in pending:
+        if turn < len(p.turns):
+            ids = datasets.format_prompt(p, tokenizer, answers[p.id])
+            reason = datasets.check_fits(ids, context - gamma - 1, cfg.max_new_tokens)
+            if reason is None:
+                out.append((p, ids))
+            else:
+                log.warning("skipping %s turn %d: %s", p.id, turn + 1, reason)
+                skipped.append(dict(id=f"{p.id}#{turn + 1}", reason=_room(reason, context, gamma)))
+    return out
+
+
+def _room(reason: str, context: int, gamma: int) -> str:
+    return f"{reason} (the model's {context} less {gamma + 1} positions a forward may run past the text)"
+
+
+# ---- the simulated timing ----------------------------------------------------------------------------------
+
+def simulated_calls(cfg: BenchConfig, trace, trace_path) -> tuple[list[dict], dict, dict]:
+    """Replay the trace: (calls with simulated timing and counters, policy stats, the record's profile and
+    simulation sections)."""
+    from moespac.sim.simulate import SimConfig, simulate
+
+    sim = simulate(SimConfig(trace=str(trace_path or ""), policy=cfg.policy, hardware=cfg.hardware,
+                             model_spec=cfg.model_spec, cache_ratio=cfg.cache_ratio, cache_gib=cfg.cache_gib,
+                             per_layer=cfg.per_layer, allow_topology_mismatch=cfg.allow_topology_mismatch), trace)
+    sizes = {}
+    for row in trace.meta["bench"]["rows"]:
+        sizes[row["call"]] = sizes.get(row["call"], 0) + 1
+    calls = [dict(call=r["request"], size=sizes.get(r["request"], 0), prefill_s=r["prefill_s"], decode_s=r["decode_s"],
+                  counters={k: int(r["counters"][k]) for k in COUNTERS}) for r in sim["requests"]]
+    m = sim["metrics"]
+    simulation = dict(config_hash=sim["config_hash"], model_spec=sim["model_spec"], draft=sim["draft"],
+                      cache=sim["cache"], topology_mapping=sim["topology_mapping"], unit_costs=sim["unit_costs"],
+                      breakdown_decode_s=m["breakdown_decode_s"], breakdown_prefill_s=m["breakdown_prefill_s"],
+                      link_busy_s=m["link_busy_s"], link_utilisation=m["link_utilisation"],
+                      bounds=sim.get("bounds"), distance=sim.get("distance"))
+    return calls, sim["policy"]["stats"], dict(profile=sim["profile"], simulation=simulation)
+
+
+# ---- metrics -----------------------------------------------------------------------------------------------
+
+def summarize(rows: list[dict], calls: list[dict], trace) -> tuple[dict, list[dict]]:
+    """(metrics, per-request samples): each request's facts with its call's timing; totals over calls."""
+    from moespac.scheduler import metrics as sm
+
+    by_call = {c["call"]: c for c in calls}
+    samples = []
+    for r in rows:
+        c = by_call[r["call"]]
+        latency = c["prefill_s"] + c["decode_s"]
+        samples.append(dict(
+            r, prefill_s=c["prefill_s"], decode_s=c["decode_s"], latency_s=latency,
+            tokens_per_s=(r["new_tokens"] - 1) / c["decode_s"] if c["decode_s"] > 0 and r["new_tokens"] > 1 else None,
+            tokens_per_s_e2e=r["new_tokens"] / latency if latency > 0 else None,
+            acceptance_rate=r["accepted"] / r["drafted"] if r["drafted"] else None,
+            omega=(r["new_tokens"] - 1) / r["steps"] if r["steps"] else None))
+    counters = {k: sum(c["counters"][k] for c in calls) for k in COUNTERS}
+    activations = counters["hits"] + counters["loads"] + counters["host"]
+    drafted, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
+    steps = sum(r["steps"] for r in rows)
+    new_tokens = sum(r["new_tokens"] for r in rows)
+    alpha = accepted / drafted if drafted else None
+    engine_s = sum(c["prefill_s"] + c["decode_s"] for c in calls)
+    gamma = int(trace.meta["bench"]["config"]["gamma"])
+    try:
+        hot_cold = sm.hot_cold_accuracy(trace)["accuracy"]
+        cost = sm.expert_cost_ratio(trace)
+    except MoespacError as e:  # e.g. no decode steps at all
+        log.warning("trace metrics unavailable: %s", e)
+        hot_cold, cost = None, {}
+    metrics = dict(
+        requests=len(samples), new_tokens=new_tokens,
+        tokens_per_s=stats(s["tokens_per_s"] for s in samples),
+        tokens_per_s_e2e=stats(s["tokens_per_s_e2e"] for s in samples),
+        throughput_tokens_per_s=new_tokens / engine_s if engine_s > 0 else None,
+        latency_s=stats(s["latency_s"] for s in samples), prefill_s=stats(s["prefill_s"] for s in samples),
+        decode_s=stats(s["decode_s"] for s in samples), tokens_per_request=stats(r["new_tokens"] for r in rows),
+        drafted=drafted, accepted=accepted, acceptance_rate=alpha,
+        omega=(new_tokens - len(rows)) / steps if steps else None, omega_from_alpha=omega_from_alpha(alpha, gamma),
+        hit_rate=counters["hits"] / activations if activations else None,
+        host_share=counters["host"] / activations if activations else None,
+        link_bytes=counters["bytes_copied"], counters=dict(counters, activations=activations),
+        hot_cold_accuracy=_finite(hot_cold), smape=_finite(sm.smape(trace)),
+        expert_cost_ratio={k: _finite(v) for k, v in cost.items()} or None)
+    return metrics, samples
+
+
+def omega_from_alpha(alpha: float | None, gamma: int) -> float | None:
+    """Expected tokens per verify step, (1 - a^(g+1)) / (1 - a) (Leviathan et al. 2023); g + 1 when a = 1."""
+    if alpha is None or gamma < 1:
+        return None
+    return float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def stats(values) -> dict:
+    """n, mean, std (population), p50, p90, min, max of the non-None values (None when there are none)."""
+    x = np.array([v for v in values if v is not None], dtype=np.float64)
+    if not len(x):
+        return dict(n=0, mean=None, std=None, p50=None, p90=None, min=None, max=None)
+    return dict(n=len(x), mean=float(x.mean()), std=float(x.std()), p50=float(np.percentile(x, 50)),
+                p90=float(np.percentile(x, 90)), min=float(x.min()), max=float(x.max()))
+
+
+def _finite(x):
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+# ---- ids -------------------------------------------------------------------------------------------------
+
+def model_id(ref: str | None) -> str | None:
+    """`parent/folder@hash` of a local model folder (its JSON files and weights), or the hub id as given.
+
+    Weight files up to 256 MiB are hashed whole; larger ones by their size and first MiB (safetensors
+    header: tensor names, shapes, offsets), so that naming a 60 GB model does not read it.
+    """
+    if not ref:
+        return None
+    folder = Path(ref).expanduser()
+    if not folder.is_dir():
+        return ref
+    h = hashlib.sha256()
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and f.suffix in (".json", ".safetensors"):
+            size = f.stat().st_size
+            h.update(f"{f.name}:{size}:".encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read() if size <= 256 * 2**20 else fh.read(2**20))
+    return f"{folder.resolve().parent.name}/{folder.name}@{h.hexdigest()[:12]}"
+
+
+def _model_card(target: str | None) -> dict | None:
+    """Title and disclaimer of the pair's model_card.json (a locally trained proxy says so), if it has one."""
+    if not target:
+        return None
+    card = Path(target).expanduser().parent / "model_card.json"
+    if not card.is_file():
+        return None
+    try:
+        d = json.loads(card.read_text())
+    except ValueError:
+        return None
+    return {k: d.get(k) for k in ("title", "disclaimer")}

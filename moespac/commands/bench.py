@@ -1,0 +1,101 @@
+"""`moespac bench`: a benchmark's prompts through the engine (or its trace through the simulator) -> one record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moespac.commands._common import add_engine_args, add_model_args
+from moespac.errors import MoespacError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="run a benchmark with the paper's protocol and write a result record",
+                       description=__doc__.splitlines()[0])
+    add_model_args(p, target_required=False)  # --model-pair may name it instead
+    p.add_argument("--model-pair", default=None, metavar="DIR",
+                   help="folder holding target/ and draft/ (a proxy or micro pair), instead of --target/--draft")
+    p.add_argument("--no-draft", action="store_true", help="autoregressive decoding (same as --gamma 0)")
+    add_engine_args(p)
+    p.set_defaults(policy="moespac")
+    g = p.add_argument_group("protocol")
+    g.add_argument("--benchmark", required=True, help="mmlu-pro, mt-bench, gsm8k, humaneval, alpaca, cnn-dm or qa")
+    g.add_argument("--source", default="offline", choices=["offline", "hub"], help="prompt source")
+    g.add_argument("--limit", type=int, default=None, metavar="N", help="a seeded sample of N prompts (quick looks)")
+    g.add_argument("--turns", default="all", choices=["all", "first"], help="turns of multi-turn prompts (MT-bench)")
+    g.add_argument("--batch-size", type=int, default=1, help="prompts per engine call (the paper: 1)")
+    g.add_argument("--max-new-tokens", type=int, default=512, help="generation length cap (the paper: 512)")
+    g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens (fixed output length)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--warmup", type=int, default=1, help="warm-up engine calls, left out of the record")
+    g.add_argument("--seed", type=int, default=0)
+    t = p.add_argument_group("timing")
+    t.add_argument("--timing", default="measured", choices=["measured", "simulated"])
+    t.add_argument("--hardware", default=None, help="simulated: built-in profile name or profile YAML")
+    t.add_argument("--model-spec", default="trace",
+                   help="simulated: registry name whose expert sizes are simulated (e.g. qwen3-30b-a3b), or 'trace'")
+    t.add_argument("--allow-topology-mismatch", action="store_true",
+                   help="simulated: map the trace onto --model-spec by modulo when layers/experts differ")
+    t.add_argument("--from-trace", default=None, metavar="TRACE",
+                   help="simulated: replay this bench trace (its models and protocol) instead of running the engine")
+    p.add_argument("--trace", default=None, metavar="OUT", help="keep the activation trace (.npz) here")
+    p.add_argument("--out", required=True, metavar="RESULT.json", help="result record (on error: RESULT.failure.json)")
+    p.add_argument("--skip-valid", action="store_true",
+                   help="do nothing when --out already holds a valid record of this config")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def model_refs(args) -> tuple[str | None, str | None]:
+    """(target, draft) from --model-pair DIR or --target/--draft."""
+    if args.model_pair:
+        if args.target or args.draft:
+            raise MoespacError("--model-pair names both models; drop --target/--draft")
+        pair = Path(args.model_pair)
+        if not (pair / "target").is_dir():
+            raise MoespacError(f"--model-pair {pair}: no target/ folder inside (build one with `moespac make-micro "
+                               f"--out {pair}` or `moespac build-proxy --out {pair}`)")
+        draft = pair / "draft"
+        return str(pair / "target"), str(draft) if draft.is_dir() else None
+    if not args.target and not args.from_trace:
+        raise MoespacError("give --model-pair DIR or --target (and --draft), or --from-trace with --timing simulated")
+    return args.target, args.draft
+
+
+def run(args) -> int:
+    from moespac.bench.harness import BenchConfig, run_to_file
+
+    target, draft = model_refs(args)
+    cfg = BenchConfig(
+        benchmark=args.benchmark, target=target, draft=None if args.no_draft else draft, policy=args.policy,
+        gamma=0 if args.no_draft else args.gamma, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        ignore_eos=args.ignore_eos, temperature=args.temperature, warmup=args.warmup, limit=args.limit, seed=args.seed,
+        source=args.source, turns=args.turns, cache_ratio=args.cache_ratio, cache_gib=args.cache_gib,
+        per_layer=args.per_layer_cache, copy_mode=args.copy_mode, dtype=args.dtype, device=args.device,
+        trust_remote_code=args.trust_remote_code, timing=args.timing, hardware=args.hardware,
+        model_spec=args.model_spec, allow_topology_mismatch=args.allow_topology_mismatch, from_trace=args.from_trace)
+    record = run_to_file(cfg, args.out, trace_out=args.trace, progress=not args.no_progress, skip_valid=args.skip_valid)
+    print(summary_text(record))
+    print(f"record: {args.out}")
+    return 0
+
+
+def summary_text(record: dict) -> str:
+    m, c, b = record["metrics"], record["counts"], record["benchmark"]
+    fmt = lambda x, spec=".3f": "n/a" if x is None else format(x, spec)  # noqa: E731
+    lines = [
+        f"{record['timing']}: {record['policy']['spec']} on {b['label']} ({b['source']}), "
+        f"{c['requests']} requests of {c['prompts']} prompts, {c['skipped']} skipped, {c['warmup']} warm-up",
+        f"  tokens/s {fmt(m['tokens_per_s']['mean'], '.2f')} (decode, mean per request), "
+        f"{fmt(m['throughput_tokens_per_s'], '.2f')} overall; latency {fmt(m['latency_s']['mean'])} s "
+        f"(prefill {fmt(m['prefill_s']['mean'])} s), {fmt(m['tokens_per_request']['mean'], '.1f')} tokens per request",
+        f"  acceptance {fmt(m['acceptance_rate'])}, omega {fmt(m['omega'], '.2f')} "
+        f"(from alpha {fmt(m['omega_from_alpha'], '.2f')}); hit rate {fmt(m['hit_rate'])}, host share "
+        f"{fmt(m['host_share'])}, link {m['link_bytes'] / 2**20:.1f} MiB",
+        f"  hot/cold accuracy {fmt(m['hot_cold_accuracy'])}, sMAPE {fmt(m['smape'])}, expert cost ratio a/b "
+        f"{fmt((m['expert_cost_ratio'] or {}).get('a_over_b'))}",
+        f"  trace {record['trace']['id']} from {record['trace']['model']}",
+    ]
+    if record["profile"]:
+        lines.append(f"  profile {record['profile']['name']} (sha256 {record['profile']['sha256'][:12]}), "
+                     f"model spec {record['simulation']['model_spec']}")
+    return "\n".join(lines)
