@@ -18,8 +18,20 @@ def build_parser() -> argparse.ArgumentParser:
     for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if mod.name.startswith("_"):  # shared helpers, not commands
             continue
-        importlib.import_module(f"moespac.commands.{mod.name}").register(sub)
+        try:
+            importlib.import_module(f"moespac.commands.{mod.name}").register(sub)
+        except ImportError as e:  # one command's missing dependency must not take the whole CLI down
+            name = mod.name.replace("_", "-")
+            broken = sub.add_parser(name, help=f"(unavailable: {e})")
+            broken.set_defaults(func=_unavailable(name, e))
     return parser
+
+
+def _unavailable(name: str, error: Exception):
+    def run(args):
+        raise MoespacError(f"command {name!r} is unavailable: {error}")
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
