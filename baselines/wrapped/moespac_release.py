@@ -1,0 +1,145 @@
+"""MoE-SpAc as released by its authors: the llama.cpp fork github.com/lshAlgorithm/MoE-SpAc, so our
+reimplementation can be set against the authors' code on the same GPU.
+
+The release builds with CUDA only, hard-codes the model's shape (NLAYERS 48, NEXPERTS 128 in
+ggml/src/ggml-backend.cpp: Qwen3-30B-A3B, the paper's target) and needs a GGUF written by its own
+converter, which adds the duplicated "prefetch" expert slab. Its README runs `llama-speculative` with the
+routed experts on the host (`-ot "\\.ffn_(up|down|gate)_exps=CPU"`) and `--draft 8`.
+
+Where CUDA, nvcc or github.com is missing, or the model's shape is not the one the release hard-codes,
+the run writes a record with `skipped: true` and the reason and exits 0.
+
+UNTESTED: the clone/build/convert/run path has never executed (written on a machine without CUDA or
+access to github.com). It follows the release's README; the fork is an older llama.cpp, so its flags
+(`--draft`) differ from upstream's, and all layers but the experts go to the GPU (-ngl/-ngld 99).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+from baselines.wrapped._common import (RESOURCES, add_common_arguments, benchmark_prompts, check_common_arguments,
+                                       cuda_missing_reason, nvcc_missing_reason, run_logged, skipped_record,
+                                       wrapped_record)
+from moespac.errors import MoespacError
+
+SYSTEM = "moe-spac-release"
+REPO_URL = "https://github.com/lshAlgorithm/MoE-SpAc"
+COMMIT = "77bb9cf1e3"
+"""Release commit examined in spec/baselines.md (a prefix; resolved in the clone)."""
+ROOT = RESOURCES / "moespac-release"
+EXPERTS_ON_HOST = r"\.ffn_(up|down|gate)_exps=CPU"
+
+
+def add_arguments(p) -> None:
+    add_common_arguments(p)
+    g = p.add_argument_group("MoE-SpAc release")
+    g.add_argument("--commit", default=COMMIT, help="release commit to build (default: %(default)s)")
+    g.add_argument("--draft-max", type=int, default=8, help="draft length (--draft; default %(default)s)")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+
+
+def network_missing_reason(host: str = "github.com", timeout: float = 5.0) -> str | None:
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return None
+    except OSError as e:
+        return f"{host} is unreachable ({e.__class__.__name__}: {e}); the release is built from its public repository"
+
+
+def model_shape(model_dir: Path) -> tuple[int, int]:
+    """(MoE layers, routed experts per layer) from a model's config.json."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+    return int(cfg["num_hidden_layers"]), int(experts or 0)
+
+
+def release_shape(clone: Path) -> tuple[int, int]:
+    """(NLAYERS, NEXPERTS) as #defined in the release's ggml-backend.cpp."""
+    text = (clone / "ggml" / "src" / "ggml-backend.cpp").read_text(errors="replace")
+    found = {k: re.search(rf"#define\s+{k}\s+(\d+)", text) for k in ("NLAYERS", "NEXPERTS")}
+    if not all(found.values()):
+        raise MoespacError(f"{clone}: NLAYERS/NEXPERTS not found in ggml/src/ggml-backend.cpp")
+    return int(found["NLAYERS"].group(1)), int(found["NEXPERTS"].group(1))
+
+
+def skip_reason() -> str | None:
+    """Why the release cannot run here (checked without touching the network first), or None."""
+    reason = cuda_missing_reason() or nvcc_missing_reason()
+    if reason:
+        return f"the MoE-SpAc release is a CUDA build: {reason}"
+    return network_missing_reason()
+
+
+def config_of(args) -> dict:
+    return dict(system=SYSTEM, model_pair=str(args.model_pair), benchmark=args.benchmark, limit=args.limit,
+                seed=args.seed, max_new_tokens=args.max_new_tokens, max_context=args.max_context,
+                commit=args.commit, draft_max=args.draft_max, speculative=True)
+
+
+def clone(commit: str, dest: Path) -> Path:
+    if not (dest / ".git").is_dir():
+        run_logged(["git", "clone", REPO_URL, dest], ROOT / "logs" / "clone.log", what="git clone")
+    run_logged(["git", "-C", dest, "checkout", "--force", commit], ROOT / "logs" / "clone.log", what="git checkout")
+    return dest
+
+
+def command_line(bin_dir: str, target_gguf, draft_gguf, prompt_path, args) -> list[str]:
+    """The release README's llama-speculative invocation, with our prompt file, length and seed."""
+    return [str(Path(bin_dir) / "llama-speculative"), "-m", str(target_gguf), "-md", str(draft_gguf),
+            "-f", str(prompt_path), "--no-escape", "-ot", EXPERTS_ON_HOST, "-n", str(args.max_new_tokens),
+            "-c", str(args.max_context), "-s", str(args.seed), "--draft", str(args.draft_max), "--temp", "0",
+            "-t", str(args.threads or os.cpu_count() or 1), "-ngl", "99", "-ngld", "99"]
+
+
+def run_benchmark(args) -> dict:
+    from baselines.wrapped.llamacpp import execute
+    from baselines.wrapped.llamacpp_build import build, build_info
+    from baselines.wrapped.llamacpp_convert import convert, prompt_file
+    from moespac.models.loading import load_tokenizer
+
+    check_common_arguments(args)
+    pair = Path(args.model_pair)
+    reason = skip_reason()
+    if reason:
+        return skipped_record(SYSTEM, config_of(args), reason)
+    src = clone(args.commit, ROOT / "src")
+    want, have = release_shape(src), model_shape(pair / "target")
+    if want != have:
+        return skipped_record(SYSTEM, config_of(args), (
+            f"the release hard-codes {want[0]} layers x {want[1]} experts (Qwen3-30B-A3B); the target has "
+            f"{have[0]} x {have[1]}; its README says to edit NLAYERS/NEXPERTS and rebuild for another model"))
+    commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    b = build(src_dir=src, out=ROOT / f"build-{commit[:10]}", cuda="on", targets=("llama-speculative",))
+    target_gguf, draft_gguf = (ROOT / "gguf" / f"{pair.resolve().name}-{commit[:10]}-{r}-f16.gguf" for r in ("target", "draft"))
+    conversion = {r: convert(pair / r, g, src, "f16", source_id=b.source)
+                  for r, g in (("target", target_gguf), ("draft", draft_gguf))}
+    tok = load_tokenizer(str(pair / "target"))
+    prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context, args.max_new_tokens)
+    requests = []
+    for p in prompts:
+        path = prompt_file(p.text)
+        try:
+            requests.append(dict(id=p.id, **execute(command_line(b.bin_dir, target_gguf, draft_gguf, path, args), True)))
+        finally:
+            path.unlink(missing_ok=True)
+    return wrapped_record(SYSTEM, dict(config_of(args), commit=commit), requests, build=build_info(b),
+                          conversion=conversion, skipped_prompts=skipped, untested_code_path=True)
+
+
+def main(args) -> int:
+    from moespac.record import write_record
+
+    record = run_benchmark(args)
+    write_record(args.out, record)
+    if record["skipped"]:
+        print(f"moe-spac-release: skipped: {record['skip_reason']}")
+    else:
+        print(f"moe-spac-release: {record['metrics']['decode_tokens_per_s']:.2f} tok/s decode (wrapped)")
+    print(f"record: {args.out}")
+    return 0
