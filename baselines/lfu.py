@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from baselines._common import missing
+from baselines.lru import VictimOrder
 from moespac.policy import LayerPlan, Policy, PolicyContext
-
-NEVER = np.iinfo(np.int64).max
 
 
 class LFU(Policy):
@@ -30,7 +29,8 @@ class LFU(Policy):
         shape = (ctx.topology.num_layers, ctx.topology.num_experts)
         self.uses = np.zeros(shape, dtype=np.int64)
         self.last_use = np.zeros(shape, dtype=np.int64)
-        self.clock = 0
+        self.clock = 0  # advance it whenever uses or last_use change (VictimOrder's contract)
+        self.victims = VictimOrder()
         return placement
 
     def plan_layer(self, layer, counts, cache) -> LayerPlan:
@@ -41,11 +41,11 @@ class LFU(Policy):
         return LayerPlan(load=missing(layer, counts, cache))
 
     def victim(self, candidates, cache):
-        if not candidates.any():
+        # one integer orders by uses, then last use (< clock + 1); ties go to the lowest index
+        eid = self.victims.pick(candidates, self.clock, lambda: self.uses * (self.clock + 1) + self.last_use)
+        if eid is None:
             return None
-        # one integer orders by uses, then last use (< clock + 1); argmin takes the lowest index on ties
-        order = self.uses * (self.clock + 1) + self.last_use
-        key = divmod(int(np.argmin(np.where(candidates, order, NEVER))), order.shape[1])
+        key = divmod(eid, self.uses.shape[1])
         if self.in_cache:
-            self.uses[key] = 0
+            self.uses[key] = 0  # the victim leaves the candidates: the order of the rest stands
         return key

@@ -14,6 +14,45 @@ from moespac.policy import LayerPlan, Policy, PolicyContext
 _NEVER = np.iinfo(np.int64).max  # marks non-candidates in the argmin
 
 
+class VictimOrder:
+    """The lowest-key candidate, cheaply for the successive victims of one batch of reservations.
+
+    An on-demand load reserves a slot per expert back to back: between those victim() calls the
+    candidates lose exactly the previous victim and no use is recorded (the clock stands still), so
+    the victims are the candidates in key order. The first call of a batch takes one argmin; the second
+    sorts the remaining candidates once; later calls take the next entry. Anything else (a commit, a
+    frozen layer, a new use) changes the candidates or the clock and starts a new batch.
+    Contract: keys change only when the clock moves (every use is stamped with a fresh clock).
+    """
+
+    def __init__(self):
+        self.clock = None  # clock the batch started at
+        self.expect = bytearray()  # the candidate mask the next call of the batch presents
+        self.order = None  # remaining candidates sorted by (key, index), from the batch's second call
+        self.at = 0
+
+    def pick(self, candidates: np.ndarray, clock: int, keys) -> int | None:
+        """Flat index of the candidate with the lowest keys() (int64 [L, E]; ties: lowest index), or None."""
+        candidates = np.asarray(candidates, dtype=bool)
+        seen = candidates.tobytes()
+        if clock == self.clock and seen == self.expect:
+            if self.order is None:
+                idx = np.flatnonzero(candidates)
+                self.order, self.at = idx[np.argsort(keys().ravel()[idx], kind="stable")], 0
+            if self.at == len(self.order):
+                return None
+            eid = int(self.order[self.at])
+            self.at += 1
+        else:
+            masked = np.where(candidates, keys(), _NEVER)
+            eid = int(np.argmin(masked))
+            self.clock, self.expect, self.order = clock, bytearray(seen), None
+            if masked.flat[eid] == _NEVER:
+                return None
+        self.expect[eid] = 0  # the driver evicts it
+        return eid
+
+
 class LRU(Policy):
     name = "lru"
     lossless = True
@@ -23,7 +62,8 @@ class LRU(Policy):
         placement = super().reset(ctx)
         L, E = ctx.topology.num_layers, ctx.topology.num_experts
         self.last_use = np.zeros((L, E), dtype=np.int64)
-        self.clock = 0
+        self.clock = 0  # advance it whenever last_use changes (VictimOrder's contract)
+        self.victims = VictimOrder()
         return placement
 
     def plan_layer(self, layer, counts, cache) -> LayerPlan:
@@ -34,6 +74,5 @@ class LRU(Policy):
         return LayerPlan(load=missing)
 
     def victim(self, candidates, cache):
-        age = np.where(candidates, self.last_use, _NEVER)
-        flat = int(np.argmin(age))
-        return divmod(flat, age.shape[1]) if age.flat[flat] != _NEVER else None
+        eid = self.victims.pick(candidates, self.clock, lambda: self.last_use)
+        return None if eid is None else divmod(eid, self.last_use.shape[1])

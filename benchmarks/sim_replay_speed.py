@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import importlib.util
+import os
 import pstats
 import statistics
 import time
@@ -57,19 +58,21 @@ def main() -> None:
     timing = cost.timing(workload)
     setup = time.perf_counter() - t0
     slots = round(args.cache_ratio * topo.num_layers * topo.num_experts)
-    walls = []
+    walls, cpus = [], []
     for _ in range(args.repeats):
         policy = make_policy(args.policy)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = replay(workload, timing, policy, slots, costs=cost.unit_costs())
         walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
     policy = make_policy(args.policy)  # once more under the profiler: where the time goes
     by_file = time_by_file(lambda: replay(workload, timing, policy, slots, costs=cost.unit_costs()))
     s = result.summary()
     print(f"trace: {trace.num_steps} steps, {s['tokens']} decode tokens, {topo.num_layers}x{topo.num_experts} top-{topo.top_k}, "
           f"gamma 8 (synthesis + costs {setup:.2f} s)")
     print(f"policy {args.policy}, {slots} slots: replay wall time median {statistics.median(walls):.3f} s "
-          f"(min {min(walls):.3f}, {args.repeats} runs; goal <= 1 s)")
+          f"(min {min(walls):.3f}, {args.repeats} runs; goal <= 1 s); CPU time median {statistics.median(cpus):.3f} s; "
+          f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())} (timing: measured)")
     total = sum(by_file.values())
     print("  own time by file under cProfile (inflated by the profiler): " + ", ".join(
         f"{k} {v / total:.0%}" for k, v in list(by_file.items())[:6]))

@@ -90,7 +90,7 @@ class ExpertCache:
 
     def evictable(self, layer: int) -> np.ndarray:
         """Residents that may be evicted to make room for an expert of `layer`."""
-        cand = self.resident & ~self.frozen
+        cand = np.greater(self.resident, self.frozen)  # resident & ~frozen in one numpy call
         if self.per_layer_capacity is not None and self.occupied[layer] >= self.per_layer_capacity:
             only = np.zeros_like(cand)
             only[layer] = cand[layer]
@@ -121,7 +121,7 @@ class ExpertCache:
             raise MoespacError(f"expert ({layer}, {expert}) is already resident or loading")
         if self.free_slots(layer) == 0:
             cand = self.evictable(layer)
-            if policy is None or not cand.any():
+            if policy is None or not np.count_nonzero(cand):  # cheaper than ndarray.any() here
                 return None
             self.requesting = (layer, expert)  # per-layer policies evict within the requesting layer
             key = policy.victim(cand, self)
@@ -190,12 +190,16 @@ class PrefetchQueue:
 
     def drop_layer(self, layer: int) -> int:
         """Drop every queued request for `layer`; returns how many were dropped."""
+        if layer not in self._live:  # nothing live to drop (the driver calls this per layer): skip the lock
+            return 0
         with self._cv:
             n = self._live.pop(layer, 0)
             self._gen[layer] = self._gen.get(layer, 0) + 1
             return n
 
     def pop(self, block: bool = False, timeout: float | None = None) -> Prefetch | None:
+        if not block and not self._heap:  # the simulator polls an empty queue often: skip the lock
+            return None
         with self._cv:
             while True:
                 while self._heap:

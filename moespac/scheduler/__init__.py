@@ -66,7 +66,8 @@ class MoESpAc(Policy):
         self.evicts = cfg.evictor == "utility" and cfg.prefetcher == "utility"
         self.per_step = cfg.update_at == "step" or cfg.count_mode == "accepted"  # accepted counts come at the end
         self.tau = np.full(L, cfg.tau if cfg.tau is not None else cfg.warmup_tau, dtype=np.int64)
-        self.pool = EvictionPool(L, E)
+        self.pool = EvictionPool(L, E, cfg.K)
+        self.pool_stale = True
         self.u_before = np.zeros((L, E), dtype=np.uint8)
         self.batch_counts = np.zeros((L, E), dtype=np.int64)
         self.accepted = None
@@ -137,7 +138,8 @@ class MoESpAc(Policy):
         if not self.evicts:
             self.stats["victim_refusals"] += 1
             return None
-        self.pool.sync(cache.resident.ravel(), self.estimator.u.ravel())
+        self.pool.sync(cache.resident.ravel(), self.estimator.u.ravel() if self.pool_stale else None)
+        self.pool_stale = False
         eid = self.pool.pop_victim(np.asarray(candidates).ravel(), self.tau)
         if eid is None:
             self.stats["victim_refusals"] += 1
@@ -167,10 +169,7 @@ class MoESpAc(Policy):
     def _update(self, rows, counts) -> None:
         f = self.window.push(counts, rows) if self.window is not None else counts
         self.estimator.update(f, rows)
-        if self.evicts:
-            E = self.estimator.u.shape[1]
-            eids = np.arange(E) + rows * E if isinstance(rows, (int, np.integer)) else np.arange(self.estimator.u.size)
-            self.pool.rekey(eids, self.estimator.u.ravel())
+        self.pool_stale = True  # the eviction pool re-keys what moved at its next search
 
     def _requests(self, layer: int, cache) -> list[Prefetch]:
         busy = cache.resident[layer] | _loading(cache)[layer]
@@ -178,11 +177,12 @@ class MoESpAc(Policy):
         if self.config.prefetcher == "static":
             if self.static is None:
                 return []
-            experts, priority = np.flatnonzero(self.static[layer] & ~busy), np.zeros_like(u)
+            wanted, priority = self.static[layer], np.zeros_like(u)
         else:
-            experts, priority = np.flatnonzero((u >= self.tau[layer]) & ~busy), u
+            wanted, priority = u >= self.tau[layer], u
+        experts = np.greater(wanted, busy).nonzero()[0]  # wanted & ~busy
         self.stats["prefetch_requests"] += len(experts)
-        return [Prefetch(layer, int(e), float(priority[e])) for e in experts]
+        return [Prefetch(layer, e, p) for e, p in zip(experts.tolist(), priority[experts].astype(float).tolist())]
 
     def _cpu_tokens(self, step: StepInfo) -> float:
         if self.config.cost_tokens == "gamma" and step.gamma > 0:

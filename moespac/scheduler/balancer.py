@@ -36,13 +36,24 @@ class WorkloadBalancer:
         self.seen = np.zeros(num_layers, dtype=np.int64)
         self.tau = np.full(num_layers, warmup_tau, dtype=np.int64)
         self.infeasible = 0  # (layer, step) decisions that fell back to K
-        self._bin = np.arange(num_layers)[:, None] * (3 * (K + 1))  # histogram bin of (layer, group 0, u 0)
+        # histogram index of (layer, group 0, u 0), in the narrowest signed dtype that holds every index:
+        # numpy calls on small same-dtype arrays cost less than on int64 with a cast per call
+        bins = 3 * (K + 1)
+        self._dtype = np.min_scalar_type(-num_layers * bins)
+        self._bin = (np.arange(num_layers) * bins).astype(self._dtype)[:, None]
+        self._rows = np.arange(num_layers)
+        self._taus = np.arange(1, K + 1)
 
-    def _hist(self, u: np.ndarray, group: np.ndarray | None = None, weights=None) -> np.ndarray:
-        """hist[l, g, v] = sum of weights over layer l's experts in group g (0..2) with utility v."""
-        idx = self._bin + u
-        if group is not None:
-            idx += group * (self.K + 1)
+    def _hist(self, u: np.ndarray, resident=None, evictable=None, weights=None) -> np.ndarray:
+        """hist[l, g, v] = sum of weights over layer l's experts with utility v in group g: 0 absent,
+        1 resident (or loading) and kept, 2 evictable (a subset of resident)."""
+        if resident is None:
+            idx = np.add(self._bin, u, dtype=self._dtype)
+        else:
+            idx = np.add(resident, evictable, dtype=self._dtype)  # group
+            idx *= self._dtype.type(self.K + 1)
+            idx += self._bin
+            idx += u
         h = np.bincount(idx.ravel(), None if weights is None else weights.ravel(), minlength=self.L * 3 * (self.K + 1))
         return h.reshape(self.L, 3, self.K + 1)
 
@@ -78,30 +89,33 @@ class WorkloadBalancer:
         int [L].
         """
         K, c = self.K, self.costs
-        taus = np.arange(1, K + 1)
-        h = self._hist(u, np.add(resident, evictable, dtype=np.int64))  # groups: absent, kept, evictable
-        n = _at_least(h[:, 0])  # [L, K] copies tau would ask for
-        ev = np.cumsum(h[:, 2], 1)[:, :K]  # own layer's evictables with u < tau
+        below = np.add.accumulate(self._hist(u, resident, evictable), 2)  # [L, group, v]: experts with u <= v
+        n = below[:, 0, K:] - below[:, 0, :K]  # [L, K] absent experts with u >= tau: the copies tau asks for
+        ev = below[:, 2, :K]  # own layer's evictables with u < tau
         free = np.asarray(free_slots)[..., None]
         if self.scope == "global":  # every layer evicts below the same tau
             slack = free + ev.sum(0)
         else:  # other layers give up what is below the thresholds they hold now
-            cold_now = ev[np.arange(self.L), self.tau - 1]
-            slack = free + (cold_now.sum() - cold_now)[:, None] + ev
+            cold_now = ev[self._rows, self.tau - 1]
+            slack = ev + (cold_now.sum() - cold_now)[:, None]
+            slack += free
         t_cpu, t_gpu = self.costs_per_tau(tokens)
-        budget = c.t_layer + np.maximum(t_cpu, t_gpu) + gamma * c.t_draft / self.L
-        feasible = (c.t_io * n <= budget) & (n <= slack)
+        budget = np.maximum(t_cpu, t_gpu)
+        budget += c.t_layer  # t_layer + max(...): the same float sum either way round
+        budget += gamma * c.t_draft / self.L
+        feasible = c.t_io * n <= budget
+        feasible &= n <= slack
         gap = np.where(feasible, np.abs(t_cpu - t_gpu), np.inf)
         if self.scope == "global":
             feasible, gap = feasible.all(0, keepdims=True), gap.sum(0, keepdims=True)
-        tau = taus[np.argmin(gap, 1)]
-        none = ~feasible.any(1)
+        tau = self._taus[np.argmin(gap, 1)]  # ties: the smaller tau
+        none = ~np.logical_or.reduce(feasible, axis=1)
         tau[none] = K
         warming = self.seen < self.warmup_steps
         if self.scope == "global":
             tau, none, warming = np.repeat(tau, self.L), np.repeat(none, self.L), np.repeat(warming.any(), self.L)
         tau[warming] = self.warmup_tau
-        self.infeasible += int((none & ~warming).sum())
+        self.infeasible += int(np.count_nonzero(none > warming))  # none & ~warming
         self.tau = tau
         return tau
 

@@ -27,6 +27,7 @@ from moespac.scheduler.config import MoESpAcConfig
 
 SCALE = 128
 _QMAX = np.iinfo(np.uint16).max
+_SCALE32 = np.float32(SCALE)
 
 
 def to_fixed(theta) -> np.ndarray:
@@ -35,7 +36,16 @@ def to_fixed(theta) -> np.ndarray:
 
 
 class UtilityEstimator:
-    """Utilities and boundaries of all layers x experts; `update` takes one layer or all of them."""
+    """Utilities and boundaries of all layers x experts; `update` takes one layer or all of them.
+
+    Speed: the policy calls `update` once per layer, 48 times a step, so numpy's per-call overhead is the
+    cost, not the arithmetic. A transition compares delta with float32 copies of the boundaries, kept as
+    the exact thresholds (q_up - offset) / SCALE and (offset - q_down) / SCALE. With calibrate_order=
+    'after' a layer's calibration is owed until the layer is next updated or a boundary is read; then
+    every owed layer is settled in one call. Calibration is elementwise (per layer for theta_scope=
+    'layer'), so this equals calibrating at once. Scratch beside the 5-byte state: the owed delta and
+    the two thresholds, float32.
+    """
 
     def __init__(self, num_layers: int, num_experts: int, K: int, theta_up: float, theta_down: float,
                  adaptive: bool = True, lam: float = 0.1, floor: float = 1.0, order: str = "after",
@@ -46,8 +56,14 @@ class UtilityEstimator:
         self.q_floor = int(to_fixed(floor)) if floor > 0 else 1
         self.u = np.zeros((num_layers, num_experts), dtype=np.uint8)
         shape = (num_layers, num_experts) if scope == "expert" else (num_layers, 1)
-        self.q_up = np.full(shape, max(int(to_fixed(theta_up)), self.q_floor), dtype=np.uint16)
-        self.q_down = np.full(shape, max(int(to_fixed(theta_down)), self.q_floor), dtype=np.uint16)
+        self._q = np.empty((2,) + shape, dtype=np.uint16)  # (up, down) boundaries in 1/SCALE units
+        self._q[0] = max(int(to_fixed(theta_up)), self.q_floor)
+        self._q[1] = max(int(to_fixed(theta_down)), self.q_floor)
+        self._bounds = np.empty((2,) + shape, dtype=np.float32)  # up if delta > [0], down if delta < [1]
+        self._set_bounds(self._q.astype(np.float32), slice(None))
+        self._top = np.full((num_layers, num_experts), K, dtype=np.uint8)  # array, not scalar: faster
+        self._delta = np.zeros((num_layers, num_experts), dtype=np.float32)  # f - u of the owed layers, else 0
+        self._owed = [False] * num_layers  # layers whose calibration from their last update is pending
 
     @classmethod
     def from_config(cls, cfg: MoESpAcConfig, num_layers: int, num_experts: int, gamma: int) -> "UtilityEstimator":
@@ -59,6 +75,18 @@ class UtilityEstimator:
                    cfg.calibrate_order, cfg.theta_scope, cfg.theta_rounding)
 
     @property
+    def q_up(self) -> np.ndarray:
+        """Up boundaries, uint16 in 1/SCALE units (read-only view)."""
+        self._settle()
+        return self._q[0]
+
+    @property
+    def q_down(self) -> np.ndarray:
+        """Down boundaries, uint16 in 1/SCALE units (read-only view)."""
+        self._settle()
+        return self._q[1]
+
+    @property
     def theta_up(self) -> np.ndarray:
         return self.q_up / SCALE
 
@@ -68,45 +96,67 @@ class UtilityEstimator:
 
     @property
     def nbytes(self) -> int:
-        return self.u.nbytes + self.q_up.nbytes + self.q_down.nbytes
+        """The state: utilities and boundaries (the float32 scratch is derived from them and the counts)."""
+        return self.u.nbytes + self._q.nbytes
 
     def update(self, f: np.ndarray, rows=slice(None)) -> None:
         """One step for `rows` (a layer index or a slice) given activation frequencies f (same shape)."""
-        u, q_up, q_down = self.u[rows], self.q_up[rows], self.q_down[rows]  # views: updated in place
-        rise = np.subtract(f, u, dtype=np.float32)  # delta, exact in float32
-        rise *= SCALE  # in boundary units: the comparisons below are exact
-        fall = -rise
+        owed = self._owed[rows]
+        if owed is True or (owed is not False and any(owed)):
+            self._settle()  # these layers' boundaries must move before their next transition
+        u, delta = self.u[rows], self._delta[rows]  # views: updated in place
+        np.subtract(f, u, out=delta, dtype=np.float32)  # exact in float32
         if self.adaptive and self.order == "before":
-            self._calibrate(rise, fall, q_up, q_down)
-        up = rise + self.offset > q_up  # delta >= boundary, the boundary rounded as `rounding` says
-        down = fall + self.offset > q_down
-        down &= ~up  # the code checks "up" first
-        up &= u < self.K
-        down &= u > 0
+            self._calibrate(delta, rows)
+        elif self.adaptive:
+            self._owed[rows] = [True] * len(owed) if isinstance(rows, slice) else True
+        up = delta > self._bounds[0, rows]  # delta >= theta_up, theta rounded as `rounding` says
+        down = delta < self._bounds[1, rows]  # -delta >= theta_down
+        np.greater(down, up, out=down)  # down &= ~up: the code checks "up" first
         u += up
-        u -= down
-        if self.adaptive and self.order == "after":
-            self._calibrate(rise, fall, q_up, q_down)
+        np.minimum(u, self._top[rows], out=u)  # a rise at K stays at K
+        u -= np.minimum(u, down)  # a fall at 0 stays at 0
 
-    def _calibrate(self, rise, fall, q_up, q_down) -> None:
+    def _settle(self) -> None:
+        """Apply every owed calibration in one call (layers with nothing owed hold delta 0: no change)."""
+        if any(self._owed):
+            self._calibrate(self._delta, slice(None))
+            self._delta[...] = 0
+            self._owed = [False] * len(self._owed)
+
+    def _calibrate(self, delta, rows) -> None:
         """Move each boundary toward the size of its own-sign fluctuations: q += lam * (|delta| - q)."""
-        lam = np.float32(self.lam)
-        for q, target in ((q_up, rise), (q_down, fall)):
-            if self.scope == "layer":  # one boundary per layer follows the mean fluctuation of its experts
-                moved = target > 0
-                n = moved.sum(-1, keepdims=True)
-                target = np.where(moved, target, 0).sum(-1, keepdims=True, dtype=np.float32) / np.maximum(n, 1)
-            weight = np.multiply(target > 0, lam)  # 0 where this side did not fluctuate: q stays
-            new = target - q  # float32
-            new *= weight
-            new += q
-            np.rint(new, out=new)
-            # new lies between q and target >= SCALE: only a floor above 1 or f > 511 can cross a bound
-            if self.q_floor > SCALE:
-                np.maximum(new, self.q_floor, out=new)
-            if q is q_up:
-                np.minimum(new, _QMAX, out=new)
-            q[...] = new
+        q = self._q[:, rows]
+        target = np.empty((2,) + delta.shape, dtype=np.float32)  # (rise, fall) in boundary units
+        np.multiply(delta, _SCALE32, out=target[0])
+        np.negative(target[0], out=target[1])
+        if self.scope == "layer":  # one boundary per layer follows the mean fluctuation of its experts
+            moved = target > 0
+            n = moved.sum(-1, keepdims=True)
+            target = np.where(moved, target, 0).sum(-1, keepdims=True, dtype=np.float32) / np.maximum(n, 1)
+        q_float = q.astype(np.float32)
+        weight = (target > 0).astype(np.float32)  # 0 where this side did not fluctuate: q stays
+        weight *= np.float32(self.lam)
+        new = target - q_float  # float32 (float64 for the per-layer mean)
+        new *= weight
+        new += q_float
+        np.rint(new, out=new)
+        # new lies between q and target >= SCALE: only a floor above 1 or f > 511 can cross a bound
+        # (numpy's min/max against a scalar is slow, hence the check)
+        if self.q_floor > SCALE:
+            np.maximum(new, self.q_floor, out=new)
+        if new.max() > _QMAX:  # q_down's target is at most SCALE * K: only q_up can get here
+            np.minimum(new, _QMAX, out=new)
+        q[...] = new
+        self._set_bounds(new, rows)
+
+    def _set_bounds(self, q_float: np.ndarray, rows) -> None:
+        """Thresholds on delta from the boundaries: delta * SCALE + offset > q  <=>  delta > (q - offset) / SCALE
+        (exact in float32: integers below 2**17 and a power-of-two scale)."""
+        bounds = self._bounds[:, rows]
+        np.subtract(q_float, self.offset, out=bounds)
+        bounds *= np.float32(1 / SCALE)
+        np.negative(bounds[1], out=bounds[1])
 
 
 class SlidingCounts:

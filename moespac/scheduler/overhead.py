@@ -50,16 +50,18 @@ def measure(num_layers: int = 48, num_experts: int = 128, top_k: int = 8, gamma:
     def fresh():
         return UtilityEstimator.from_config(cfg, L, E, gamma)
 
-    def all_layers():
+    def all_layers():  # update_at='step'
         est = fresh()
         for s in range(steps):
             est.update(counts[s])
+        return est.q_up  # reading the boundaries settles the last step's calibration, so it is timed too
 
-    def per_layer():
+    def per_layer():  # update_at='layer' (the default): what the policy runs
         est = fresh()
         for s in range(steps):
             for layer in range(L):
                 est.update(counts[s, layer], layer)
+        return est.q_up
 
     # utilities and residency snapshots the balancer decides on, step by step (not timed)
     est, us = fresh(), []

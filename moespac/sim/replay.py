@@ -81,10 +81,11 @@ def throughput(step_total: np.ndarray, step_kind: np.ndarray, request_tokens: li
                 requests=len(request_tokens))
 
 
-def _layer_expert_time(timing: Timing, row, on_device, host_mask, hidden_s):
-    dev = float(timing.device_by_count[row[on_device]].sum())
-    host = float(timing.host_by_count[row[host_mask]].sum())
-    if host_mask.any():
+def _layer_expert_time(timing: Timing, dev_cost, host_cost, on_device, host_mask, on_host: int, hidden_s):
+    """dev_cost / host_cost: the layer's per-expert times (timing.*_by_count of its counts)."""
+    dev = float(dev_cost[on_device].sum())
+    host = float(host_cost[host_mask].sum())
+    if on_host:
         host += hidden_s
     return dev, host, (dev + host if timing.serial else max(dev, host))
 
@@ -159,6 +160,9 @@ class Replay:
         now += t.draft[s]
         counts, attention, hidden = w.counts[s], t.attention[s], t.hidden[s]
         counters, resident, frozen = cache.counters, cache.resident, cache.frozen
+        # whole-step arrays, sliced per layer below (one numpy call each instead of one per layer)
+        active_all = counts > 0
+        dev_cost, host_cost = t.device_by_count[counts], t.host_by_count[counts]
         stall = dev_busy = host_busy = expert = 0.0
         for layer in range(w.topology.num_layers):
             now += attention
@@ -167,8 +171,7 @@ class Replay:
             waited = link.wait_layer(layer, now)
             stall += waited - now
             now = waited
-            row = counts[layer]
-            active = row > 0
+            row, active = counts[layer], active_all[layer]
             hit = active & resident[layer]
             plan = policy.plan_layer(layer, row, cache)
             frozen[layer] = hit
@@ -180,13 +183,19 @@ class Replay:
                 frozen[layer, loaded] = True
                 stall += loaded_at - now
                 now = loaded_at
-            on_device = active & resident[layer]
+                on_device = active & resident[layer]
+            else:  # nothing of this layer was loaded, so its residents are the ones `hit` saw
+                on_device = hit
             if plan.host is not None and len(plan.host):
+                on_device = on_device.copy()
                 on_device[np.asarray(plan.host, dtype=np.int64)] = False
-            host_mask = active & ~on_device
-            counters.hits += int(np.count_nonzero(hit & on_device))
-            counters.host += int(np.count_nonzero(host_mask))
-            d, h, wall = _layer_expert_time(t, row, on_device, host_mask, hidden)
+                counters.hits += int(np.count_nonzero(hit & on_device))
+            else:  # hits stay resident (frozen), so all of them run on the device
+                counters.hits += int(np.count_nonzero(hit))
+            host_mask = np.greater(active, on_device)  # active & ~on_device
+            on_host = int(np.count_nonzero(host_mask))
+            counters.host += on_host
+            d, h, wall = _layer_expert_time(t, dev_cost[layer], host_cost[layer], on_device, host_mask, on_host, hidden)
             dev_busy, host_busy, expert = dev_busy + d, host_busy + h, expert + wall
             now += wall
             link.advance(now)

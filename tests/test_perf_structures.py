@@ -1,0 +1,156 @@
+"""The data structures that make the scheduler and the simulator fast pick exactly what plain references pick:
+the utility-level eviction pool, the batched LRU/LFU victim order, the estimator's deferred calibration and
+the balancer's narrow-dtype histogram."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_scheduler import brute_force_tau
+
+from baselines._common import PrefetchLRU
+from baselines.lfu import LFU
+from baselines.lru import LRU
+from moespac.cache import ExpertCache
+from moespac.policy import PolicyContext, Topology, UnitCosts
+from moespac.scheduler.balancer import WorkloadBalancer
+from moespac.scheduler.estimator import UtilityEstimator
+from moespac.scheduler.evictor import EvictionPool
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 5), st.data())
+def test_level_pool_matches_brute_force(layers, experts, K, data):
+    """Utilities change with or without rekey (sync reconciles), thresholds 0..K+1, repeated searches."""
+    pool = EvictionPool(layers, experts, K)
+    n = layers * experts
+    u = np.zeros(n, dtype=np.uint8)
+    resident = np.zeros(n, dtype=bool)
+    told = True  # the pool has been given every utility change
+    for _ in range(data.draw(st.integers(1, 40))):
+        op = data.draw(st.sampled_from(["load", "drop", "utility", "quiet utility", "victim"]))
+        eid = data.draw(st.integers(0, n - 1))
+        if op == "load":
+            resident[eid] = True
+        elif op == "drop":
+            resident[eid] = False
+        elif op == "utility":
+            u[eid] = data.draw(st.integers(0, K))
+            pool.rekey(np.array([eid]), u)
+        elif op == "quiet utility":
+            u[eid] = data.draw(st.integers(0, K))
+            told = False
+        else:
+            tau = np.array(data.draw(st.lists(st.integers(0, K + 1), min_size=layers, max_size=layers)))
+            candidates = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))  # pool ands resident
+            pool.sync(resident, None if told else u)
+            told = True
+            eligible = [(int(u[e]), e) for e in range(n) if candidates[e] and resident[e] and u[e] < tau[e // experts]]
+            expected = min(eligible)[1] if eligible else None
+            assert pool.pop_victim(candidates, tau) == expected
+            assert pool.pop_victim(candidates, tau) == expected  # a search removes nothing: the driver evicts
+            if expected is not None and data.draw(st.booleans()):
+                resident[expected] = False
+
+
+def brute_force_victim(candidates: np.ndarray, keys: np.ndarray):
+    """Lowest key among candidates, ties to the lowest flat index, by a plain loop."""
+    best = None
+    for eid in range(candidates.size):
+        if candidates.flat[eid] and (best is None or keys.flat[eid] < keys.flat[best]):
+            best = eid
+    return None if best is None else divmod(best, candidates.shape[1])
+
+
+def drive_cache_policy(policy, keys, seed: int, steps: int = 120, L: int = 3, E: int = 8, capacity: int = 7):
+    """Random uses, on-demand load batches, prefetch commits between reservations, frozen layers and
+    per-request resets through the real ExpertCache; every victim is checked against the brute force."""
+    rng = np.random.default_rng(seed)
+    topo = Topology(L, E, 2)
+    checked = 0
+
+    def fresh():
+        policy.reset(PolicyContext(topo, capacity))
+        return ExpertCache(topo, capacity)
+
+    cache = fresh()
+    original = policy.victim
+
+    def watched(candidates, c):
+        nonlocal checked
+        expected = brute_force_victim(candidates, keys(policy))
+        got = original(candidates, c)
+        assert (None if got is None else (int(got[0]), int(got[1]))) == expected
+        checked += 1
+        return got
+
+    policy.victim = watched
+    for s in range(steps):
+        if rng.random() < 0.05:
+            cache = fresh()
+        layer = int(rng.integers(L))
+        counts = rng.integers(0, 3, E) * (rng.random(E) < 0.4)
+        plan = policy.plan_layer(layer, counts, cache)
+        cache.frozen[layer] = cache.resident[layer] & (counts > 0)
+        reserved = [int(e) for e in plan.load if cache.reserve(layer, int(e), policy) is not None]
+        for e in reserved:
+            cache.commit(layer, e)
+        cache.frozen[layer] = False
+        if isinstance(policy, PrefetchLRU) and rng.random() < 0.5:  # prefetches: touch, reserve, commit in turn
+            keys_in = [(int(rng.integers(L)), int(rng.integers(E))) for _ in range(3)]
+            policy.touch(keys_in)
+            for pl, pe in keys_in:
+                if not (cache.resident[pl, pe] or cache.loading[pl, pe]) and cache.reserve(pl, pe, policy) is not None:
+                    cache.commit(pl, pe)
+        cache.check()
+    return checked
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10_000))
+def test_batched_lru_and_lfu_victims_match_brute_force(seed):
+    assert drive_cache_policy(LRU(), lambda p: p.last_use, seed) > 0
+    assert drive_cache_policy(PrefetchLRU(), lambda p: p.last_use, seed) > 0
+    def lfu_key(p):
+        return p.uses * (p.clock + 1) + p.last_use
+
+    assert drive_cache_policy(LFU(), lfu_key, seed) > 0
+    assert drive_cache_policy(LFU(in_cache=True), lfu_key, seed) > 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.fixed_dictionaries(dict(
+    K=st.integers(1, 6), theta_up=st.floats(0.1, 9), theta_down=st.floats(0.1, 9), adaptive=st.booleans(),
+    lam=st.floats(0.01, 1), floor=st.sampled_from([0.0, 1.0, 3.5]), order=st.sampled_from(["after", "before"]),
+    rounding=st.sampled_from(["round", "floor", "none"]), scope=st.sampled_from(["expert", "layer"]))),
+    st.integers(1, 3), st.data())
+def test_deferred_calibration_equals_calibrating_at_once(a, layers, data):
+    """Reading the boundaries after every call settles at once; the lazy twin reads at random points."""
+    eager, lazy = UtilityEstimator(layers, 5, **a), UtilityEstimator(layers, 5, **a)
+    for _ in range(data.draw(st.integers(1, 30))):
+        rows = data.draw(st.sampled_from([slice(None)] + list(range(layers))))
+        f = np.array(data.draw(st.lists(st.integers(0, 700), min_size=5, max_size=5)))  # > 511: the q cap acts
+        f = np.tile(f, (layers, 1)) if isinstance(rows, slice) else f
+        for est in (eager, lazy):
+            est.update(f, rows)
+        _ = eager.q_up  # reading a boundary settles what is owed: eager calibrates at once
+        assert (eager.u == lazy.u).all()
+        if data.draw(st.booleans()):
+            assert (eager.q_up == lazy.q_up).all() and (eager.q_down == lazy.q_down).all()
+    assert (eager.q_up == lazy.q_up).all() and (eager.q_down == lazy.q_down).all()
+
+
+def test_balancer_index_dtype_holds_large_shapes():
+    """L x 3 x (K + 1) past int16: the histogram index widens and the decision still matches the brute force."""
+    rng = np.random.default_rng(3)
+    L, E, K = 90, 3, 127
+    b = WorkloadBalancer(L, K, 2, UnitCosts(t_io=0.01), warmup_steps=1)
+    assert b._dtype == np.int32
+    b.r_cpu, b.r_gpu = rng.random((L, K)), rng.random((L, K))
+    b.distinct, b.seen, b.tau = rng.integers(0, E + 1, L).astype(float), np.ones(L, np.int64), rng.integers(1, K + 1, L)
+    u = rng.integers(0, K + 1, (L, E)).astype(np.uint8)
+    resident = rng.random((L, E)) < 0.5
+    evictable = resident & (rng.random((L, E)) < 0.5)
+    expected = brute_force_tau(b, u, resident, evictable, 2, 9, 8)
+    assert b.solve(u, resident, evictable, 2, 9, 8).tolist() == expected
