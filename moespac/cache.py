@@ -138,6 +138,22 @@ class ExpertCache:
         self.occupied[layer] += 1
         return slot
 
+    def start_prefetch(self, layer: int, expert: int, policy: Policy) -> int | None:
+        """The copy link takes a request: None if the expert is already resident or loading, or if no slot
+        can be had (counted as refused); else the reserved slot. Finish with `finish_prefetch`."""
+        if self.resident[layer, expert] or self.loading[layer, expert]:
+            return None
+        slot = self.reserve(layer, expert, policy)
+        if slot is None:
+            self.counters.prefetch_refused += 1
+        return slot
+
+    def finish_prefetch(self, layer: int, expert: int) -> None:
+        """The prefetch copy landed: resident, counted, bytes accounted."""
+        self.commit(layer, expert)
+        self.counters.prefetched += 1
+        self.counters.bytes_copied += self.expert_bytes
+
     def commit(self, layer: int, expert: int) -> None:
         """The copy into the reserved slot finished: the expert is resident."""
         self.loading[layer, expert] = False

@@ -65,14 +65,9 @@ def drive(policy: Policy, ctx: PolicyContext, steps: list[tuple[StepInfo, np.nda
     def serve(requests, where):
         queue.push(requests)
         while (r := queue.pop()) is not None:
-            if cache.resident[r.layer, r.expert] or cache.loading[r.layer, r.expert]:
+            if cache.start_prefetch(r.layer, r.expert, policy) is None:
                 continue
-            if cache.reserve(r.layer, r.expert, policy) is None:
-                cache.counters.prefetch_refused += 1
-                continue
-            cache.commit(r.layer, r.expert)
-            cache.counters.prefetched += 1
-            cache.counters.bytes_copied += 1
+            cache.finish_prefetch(r.layer, r.expert)
             run.prefetched.append((where, (r.layer, r.expert)))
 
     for s, (info, counts) in enumerate(steps):

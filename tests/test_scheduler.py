@@ -456,13 +456,9 @@ def serve(queue, cache, policy, budget):
         r = queue.pop()
         if r is None:
             return
-        if cache.resident[r.layer, r.expert] or cache.loading[r.layer, r.expert]:
+        if cache.start_prefetch(r.layer, r.expert, policy) is None:
             continue
-        if cache.reserve(r.layer, r.expert, policy) is None:
-            cache.counters.prefetch_refused += 1
-            continue
-        cache.commit(r.layer, r.expert)
-        cache.counters.prefetched += 1
+        cache.finish_prefetch(r.layer, r.expert)
 
 
 def drive(policy, counts, topo, capacity, gamma=8, per_layer=3, per_draft=24) -> CacheCounters:

@@ -174,20 +174,15 @@ class HybridRuntime:
 
     def _prefetch_one(self, r) -> None:
         with self.cv:
-            if self.cache.resident[r.layer, r.expert] or self.cache.loading[r.layer, r.expert]:
-                return
-            slot = self.cache.reserve(r.layer, r.expert, self.policy)
+            slot = self.cache.start_prefetch(r.layer, r.expert, self.policy)
             if slot is None:
-                self.cache.counters.prefetch_refused += 1
                 return
             self._inflight_layer = r.layer
             cache = self.cache
         self.store.copy_in(r.layer, r.expert, slot, wait=True)
         with self.cv:
             if cache is self.cache:  # a new request may have reset the cache meanwhile
-                cache.commit(r.layer, r.expert)
-                cache.counters.prefetched += 1
-                cache.counters.bytes_copied += self.store.expert_bytes
+                cache.finish_prefetch(r.layer, r.expert)
             self._inflight_layer = None
             self.cv.notify_all()
 

@@ -86,10 +86,7 @@ class CopyLink:
         cache = self.cache
         while (r := self.queue.pop()) is not None:
             layer, expert = int(r.layer), int(r.expert)
-            if cache.resident[layer, expert] or cache.loading[layer, expert]:
-                continue
-            if cache.reserve(layer, expert, self.policy) is None:
-                cache.counters.prefetch_refused += 1
+            if cache.start_prefetch(layer, expert, self.policy) is None:
                 continue
             self.inflight, self.started, self.done = (layer, expert), t, t + self.t_copy
             return True
@@ -97,10 +94,7 @@ class CopyLink:
 
     def _finish(self) -> None:
         layer, expert = self.inflight
-        self.cache.commit(layer, expert)
-        c = self.cache.counters
-        c.prefetched += 1
-        c.bytes_copied += self.expert_bytes
+        self.cache.finish_prefetch(layer, expert)
         self.busy += self.done - self.started
         self.t = self.done
         self.inflight, self.done = None, math.inf
