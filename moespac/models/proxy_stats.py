@@ -1,0 +1,200 @@
+"""Does the proxy pair behave like the paper's models? Greedy speculative decoding over each benchmark's
+offline prompts through the real engine, with an activation trace, then: acceptance rate, expert popularity
+(share of activations taken by the top 10 % of experts), temporal locality (sMAPE, step-to-step expert
+reuse) and MoE-SpAc's hot/cold prediction accuracy, next to the paper's numbers. All measured on the proxy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moespac.errors import MoespacError
+from moespac.models.proxy_train import top_share
+
+
+@dataclass
+class BenchStats:
+    """One benchmark's figures (measured on the proxy pair)."""
+
+    benchmark: str
+    label: str
+    prompts: int
+    skipped: int
+    prompt_tokens_mean: float
+    new_tokens: int
+    drafted: int
+    accepted: int
+    verify_steps: int
+    alpha: float
+    """Per-token acceptance rate, the paper's alpha (its token yield is Omega(gamma, alpha) = (1 - alpha^(gamma+1)) /
+    (1 - alpha)): accepted / (accepted + rejected) draft tokens, a step ending at its first rejection."""
+    accepted_share: float
+    """Accepted / drafted tokens (drafts after a step's first rejection count as not accepted)."""
+    tokens_per_step: float
+    """Mean tokens a verify step yields (accepted + 1): the measured Omega."""
+    top10_share: float
+    """Share of (token, slot) routing entries in decode steps taken by the top 10 % of a layer's experts, mean over layers."""
+    top10_uniform: float
+    """What top10_share would be under uniform routing."""
+    reuse: float
+    """Share of a layer's experts active in a decode step that were also active in the step before."""
+    active_share: float
+    """Share of a layer's experts active in a decode step (what `reuse` would be without temporal locality)."""
+    smape: float | None
+    hot_cold_accuracy: float | None
+    paper_alpha: float | None
+
+
+def paper_reference() -> dict:
+    """The paper's figures these stats compare with (moespac/reference/appendix_stats.csv)."""
+    from moespac.bench.datasets import get_benchmark
+    from moespac.reference import appendix_value, read_reference
+
+    alpha = {get_benchmark(r["context"]).name: float(r["value"])
+             for r in read_reference("appendix_stats") if r["quantity"] == "acceptance_rate"}
+    return dict(alpha=alpha, smape=appendix_value("smape", "Qwen3-30B"),
+                hot_cold_accuracy=appendix_value("hot_cold_accuracy"))
+
+
+def locality(per_request: list[np.ndarray]) -> tuple[float, float]:
+    """(reuse, active share) over consecutive decode steps of each request; counts [S, L, E] each."""
+    inter, active, n = 0.0, 0.0, 0
+    for c in per_request:
+        a = c > 0
+        if len(a) < 2:
+            continue
+        both = (a[1:] & a[:-1]).sum(-1)  # [S-1, L]
+        now = a[1:].sum(-1)
+        inter += float((both / np.maximum(now, 1)).sum())
+        active += float(now.sum() / a.shape[-1])
+        n += both.size
+    return (inter / n, active / n) if n else (float("nan"), float("nan"))
+
+
+def scheduler_metrics(per_request: list[np.ndarray], gamma: int) -> tuple[float | None, float | None]:
+    """sMAPE and hot/cold accuracy from moespac.scheduler.metrics (None where it is not installed),
+    per request (the scheduler starts afresh with each request), weighted by decode steps."""
+    try:
+        from moespac.scheduler import metrics
+    except ImportError:
+        return None, None
+    rows = [c for c in per_request if len(c) >= 2]
+    if not rows:
+        return None, None
+    w = np.array([len(c) for c in rows], dtype=float)
+    sm = np.array([metrics.smape(c) for c in rows])
+    acc = np.array([metrics.hot_cold_accuracy(c, gamma=gamma)["accuracy"] for c in rows])
+    return float((sm * w).sum() / w.sum()), float((acc * w).sum() / w.sum())
+
+
+def decode_counts(trace) -> list[np.ndarray]:
+    """Per request, activation counts [S, L, E] of its decode (verify / AR) steps, in order."""
+    req = trace.steps["step_request"]
+    out: dict[int, list] = {}
+    for s in range(trace.num_steps):
+        if trace.kind(s) != "prefill":
+            out.setdefault(int(req[s]), []).append(trace.step_counts(s))
+    return [np.stack(v) for _, v in sorted(out.items())]
+
+
+def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_tokens: int = 128, gamma: int = 8,
+        seed: int = 0, temperature: float = 0.0, trace_dir: str | Path | None = None, progress=None) -> list[BenchStats]:
+    """Speculative decoding of `prompts` prompts per benchmark, greedy (temperature 0) or sampled with exact
+    speculative sampling; fixed length (EOS is ignored)."""
+    from moespac.bench.datasets import encode_prompts, get_benchmark, load_benchmark, seeded_sample
+    from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
+    from moespac.engine.speculative import Sampling, generate
+    from moespac.models.loading import load_pair
+    from moespac.models.registry import spec_from_config
+    from moespac.registry import make_policy
+    from moespac.trace import TraceRecorder
+
+    pair = Path(pair)
+    if not (pair / "target").is_dir() or not (pair / "draft").is_dir():
+        raise MoespacError(f"--pair {pair}: expected {pair}/target and {pair}/draft (see `moespac build-proxy`)")
+    if gamma < 1 or prompts < 1 or max_new_tokens < 1:
+        raise MoespacError(f"gamma ({gamma}), prompts ({prompts}) and max new tokens ({max_new_tokens}) must be >= 1")
+    benches = [get_benchmark(b) for b in benchmarks]
+    target, draft, tok = load_pair(str(pair / "target"), str(pair / "draft"), dtype="fp32")
+    spec = spec_from_config(target.config, name=f"proxy:{pair.name}")
+    ref = paper_reference()
+    sampling = Sampling(temperature=temperature, seed=seed)
+    # routing and greedy tokens do not depend on the cache; sync copies keep the run deterministic
+    runtime = HybridRuntime(target, make_policy("lru"), RuntimeConfig(cache_ratio=0.5, copy_mode="sync"))
+    out = []
+    try:
+        for bench in benches:
+            chosen = seeded_sample(load_benchmark(bench.name), prompts, seed)
+            enc = encode_prompts(chosen, tok, max_context=target.config.max_position_embeddings,
+                                 max_new_tokens=max_new_tokens + gamma + 1)
+            runtime.recorder = TraceRecorder(runtime.topology, spec.to_dict(), meta=dict(
+                target=str(pair / "target"), draft=str(pair / "draft"), gamma=gamma, batch_size=1, policy="lru",
+                cache_ratio=0.5, benchmark=bench.name, proxy=True))
+            drafted = accepted = new = steps = rejected = 0
+            for i, (_, ids) in enumerate(enc.items):
+                runtime.start_request(gamma=gamma, signals={"draft"})
+                res = generate(target, ids, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens, runtime=runtime,
+                               sampling=sampling, request=i, ignore_eos=True)
+                drafted, accepted, new = drafted + res.drafted, accepted + res.accepted, new + len(res.tokens)
+                steps += len(res.accepted_per_step)
+                rejected += sum(m < gamma for m in res.accepted_per_step)
+                if progress:
+                    progress()
+            trace = runtime.recorder.finish(trace_id=f"proxy-stats-{bench.name}")
+            runtime.recorder = None
+            if trace_dir:
+                trace.save(Path(trace_dir) / f"{bench.name}.npz")
+            per_request = decode_counts(trace)
+            total = sum(c.sum(0) for c in per_request) if per_request else np.zeros((1, 1))
+            reuse, active = locality(per_request)
+            sm, acc = scheduler_metrics(per_request, gamma)
+            label = chosen[0].label if chosen else bench.display
+            out.append(BenchStats(
+                bench.name, label, len(enc.items), len(enc.skipped),
+                float(np.mean([len(ids) for _, ids in enc.items])) if enc.items else float("nan"), new, drafted,
+                accepted, steps, accepted / (accepted + rejected) if accepted + rejected else float("nan"),
+                accepted / drafted if drafted else float("nan"), (accepted + steps) / steps if steps else float("nan"),
+                float(np.nanmean(top_share(total))),
+                math.ceil(0.1 * runtime.topology.num_experts) / runtime.topology.num_experts, reuse, active, sm, acc,
+                ref["alpha"].get(bench.name)))
+    finally:
+        runtime.close()
+    return out
+
+
+def render(rows: list[BenchStats], pair, gamma: int, prompts: int, max_new_tokens: int, temperature: float = 0.0) -> str:
+    ref = paper_reference()
+    fmt = lambda v, d=3: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{d}f}"  # noqa: E731
+    mode = "greedy" if temperature == 0 else f"sampled at temperature {temperature}"
+    head = (f"proxy-stats: measured on the locally trained proxy pair {pair} (not Qwen3-30B-A3B); {mode} speculative "
+            f"decoding, gamma {gamma}, up to {prompts} prompts x {max_new_tokens} new tokens per benchmark (EOS ignored)")
+    cols = ("benchmark", "prompts", "alpha", "paper alpha", "accepted/drafted", "tokens/step", "top-10% share", "reuse",
+            "active", "sMAPE", "hot/cold acc")
+    table = [cols]
+    for r in rows:
+        table.append((r.label, str(r.prompts), fmt(r.alpha), fmt(r.paper_alpha, 2), fmt(r.accepted_share),
+                      fmt(r.tokens_per_step, 2), fmt(r.top10_share), fmt(r.reuse), fmt(r.active_share), fmt(r.smape),
+                      fmt(r.hot_cold_accuracy)))
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    lines = [head, ""] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                          for row in table]
+    in_range = sum(0.4 <= r.alpha <= 0.9 for r in rows if not math.isnan(r.alpha))
+    lines += ["",
+              "alpha: per-token acceptance rate as in the paper's token yield Omega(gamma, alpha) = (1 - alpha^(gamma+1)) / "
+              "(1 - alpha), estimated as accepted / (accepted + rejected) drafts; accepted/drafted also counts the "
+              "drafts after a step's first rejection; tokens/step = accepted + 1 per verify step",
+              f"alpha in [0.4, 0.9] on {in_range} of {len(rows)} benchmarks (paper, Qwen3-30B-A3B + Qwen3-4B-FP8: "
+              f"{min(ref['alpha'].values()):.2f}-{max(ref['alpha'].values()):.2f} on CNN/DM, MT-Bench, GSM8K, HumanEval)",
+              f"top-10% share: uniform routing would give {rows[0].top10_uniform:.3f}; reuse vs active: share of a "
+              f"step's experts also active in the step before vs the share active (equal without temporal locality)",
+              f"paper: sMAPE {fmt(ref['smape'])} (Qwen3-30B, App. B.1), hot/cold accuracy ~{fmt(ref['hot_cold_accuracy'], 2)} "
+              f"(Sec. 4.3); '-' = not available"]
+    return "\n".join(lines)
+
+
+def to_dicts(rows: list[BenchStats]) -> list[dict]:
+    return [asdict(r) for r in rows]
