@@ -1,17 +1,413 @@
+# Helpers only (no rules): config validation, file names of every cell, the record lists of each study, and
+# the final target list. The logic of each run lives in the `moespac` package; rules call its CLI.
+import os
+import re
+
 from snakemake.utils import validate
 
+from moespac.bench.datasets import BENCHMARKS as KNOWN_BENCHMARKS
+from moespac.study import check_names, get_method, k_method
 
 validate(config, schema="../schemas/config.schema.yaml")
+check_names(
+    config
+)  # benchmark / method / policy / hardware / model-spec names, naming the key
+
+PAIRS = config["pairs"]
+BENCHMARKS = config["benchmarks"]
+PROMPTS = config["prompts"]
+ENGINE = config["engine"]
+LLAMACPP = config["wrapped"]["llamacpp"]
+SIM = config["simulation"]
+SWEEPS = config["sweeps"]
+FIGS = config["figures"]
 
 
-def get_final_output():
-    archs = config["smoke"]["archs"]
+def alternatives(names):
+    """Regex matching exactly these names (and nothing when there are none)."""
+    names = sorted(set(map(str, names)))
+    return "|".join(re.escape(n) for n in names) if names else "(?!x)x"
+
+
+def pairs_of(kind):
+    return [name for name, p in PAIRS.items() if kind in p]
+
+
+# ---- model pairs
+
+
+def pair_ready(pair):
+    """The file that exists once the pair is on disk (built here, or linked from the hub cache)."""
+    if "target" in PAIRS[pair]:
+        return f"resources/models/{pair}/linked.txt"
+    return f"results/models/{pair}/target/config.json"
+
+
+def pair_folder(pair):
     return (
-        expand("results/smoke/lossless/{arch}.txt", arch=archs)
-        + expand("results/smoke/generate/{arch}.json", arch=archs)
-        + ["results/smoke/numerics.json"]
+        f"resources/models/{pair}"
+        if "target" in PAIRS[pair]
+        else f"results/models/{pair}"
     )
 
 
+def get_pair_ready(wildcards):
+    return pair_ready(wildcards.pair)
+
+
+def get_model_args(wildcards):
+    """How `moespac bench` names the models: hub ids as such (records keep them), else the pair's folder."""
+    p = PAIRS[wildcards.pair]
+    if "target" in p:
+        return f"--target {p['target']} --draft {p['draft']}"
+    return f"--model-pair {pair_folder(wildcards.pair)}"
+
+
+def output_prefix(wildcards, output):
+    """PREFIX of PREFIX.ext outputs (the report commands write every extension themselves)."""
+    return os.path.splitext(output[0])[0]
+
+
+def models_of_input(wildcards, input):
+    """results/models/NAME of an input NAME/target/config.json."""
+    return os.path.dirname(os.path.dirname(input.target))
+
+
+def get_pair_folder(wildcards):
+    return pair_folder(wildcards.pair)
+
+
+def get_build_args(wildcards):
+    p = PAIRS[wildcards.pair]
+    budget = f" --budget-minutes {p['build_minutes']}" if "build_minutes" in p else ""
+    overrides = "".join(f" --set {kv}" for kv in p.get("build_set", []))
+    return f"--config {p['build']}{budget}{overrides}"
+
+
+def get_micro_arch(wildcards):
+    return PAIRS[wildcards.pair]["micro"]
+
+
+def get_hub_target(wildcards):
+    return PAIRS[wildcards.pair]["target"]
+
+
+def get_hub_draft(wildcards):
+    return PAIRS[wildcards.pair]["draft"]
+
+
+# ---- cell file names (wildcards in the file name; gamma 0 = autoregressive)
+
+
+def fmt_ratio(x):
+    return f"{float(x):g}"
+
+
+def decode_gamma(method, gamma):
+    return int(gamma) if get_method(method).draft else 0
+
+
+def trace_file(pair, benchmark, gamma, batch, tokens):
+    return f"results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.npz"
+
+
+def sim_cell(
+    method,
+    benchmark,
+    hardware=None,
+    spec=None,
+    pair=None,
+    gamma=None,
+    batch=None,
+    tokens=None,
+    cache=None,
+):
+    """A simulated cell; anything not given takes the `simulation` section's value."""
+    g = decode_gamma(method, SIM["gamma"] if gamma is None else gamma)
+    return (
+        f"results/simulated/{hardware or SIM['hardware']}/{spec or SIM['model_spec']}/{pair or SIM['pair']}/"
+        f"{benchmark}/{method}/g{g}-b{batch or SIM['batch_size']}-n{tokens or SIM['max_new_tokens']}"
+        f"-c{fmt_ratio(SIM['cache_ratio'] if cache is None else cache)}.json"
+    )
+
+
+def measured_cell(method, benchmark, pair=None):
+    """A measured cell with the `engine` section's settings (on its pair unless another is given)."""
+    g = decode_gamma(method, ENGINE["gamma"])
+    return (
+        f"results/measured/{pair or ENGINE['pair']}/{benchmark}/{method}/g{g}-b{ENGINE['batch_size']}"
+        f"-n{ENGINE['max_new_tokens']}-c{fmt_ratio(ENGINE['cache_ratio'])}.json"
+    )
+
+
+def wrapped_cell(method, benchmark):
+    g = decode_gamma(method, LLAMACPP["gamma"])
+    return f"results/wrapped/{LLAMACPP['pair']}/{benchmark}/{method}/g{g}-n{LLAMACPP['max_new_tokens']}.json"
+
+
+def get_trace(wildcards):
+    return trace_file(
+        wildcards.pair,
+        wildcards.benchmark,
+        wildcards.gamma,
+        wildcards.batch,
+        wildcards.tokens,
+    )
+
+
+def get_policy(wildcards):
+    return get_method(wildcards.method).policy
+
+
+def get_limit(section):
+    return "" if section["limit"] is None else f"--limit {section['limit']}"
+
+
+def get_trace_limit(wildcards):
+    """A trace of batch b needs at least b prompts per call."""
+    if SIM["limit"] is None:
+        return ""
+    return f"--limit {max(SIM['limit'], int(wildcards.batch))}"
+
+
+def get_prompt_args(wildcards):
+    eos = " --ignore-eos" if PROMPTS["ignore_eos"] else ""
+    return f"--source {PROMPTS['source']} --seed {PROMPTS['seed']}{eos}"
+
+
+def get_llamacpp_args(wildcards):
+    draft = (
+        f" --draft --draft-max {wildcards.gamma}"
+        if get_method(wildcards.method).draft
+        else ""
+    )
+    eos = " --ignore-eos" if PROMPTS["ignore_eos"] else ""
+    limit = (
+        1000000 if LLAMACPP["limit"] is None else LLAMACPP["limit"]
+    )  # 'all' for the wrapper
+    return f"--limit {limit} --seed {PROMPTS['seed']}{draft}{eos}"
+
+
+# ---- the record list of each study (tables and figures read these; MLflow files runs by study)
+
+
+def table1_records():
+    out = [sim_cell(m, b) for m in config["table1"]["methods"] for b in BENCHMARKS]
+    if ENGINE["activate"]:
+        out += [measured_cell(m, b) for m in ENGINE["methods"] for b in BENCHMARKS]
+    if LLAMACPP["activate"]:
+        out += [wrapped_cell(m, b) for m in LLAMACPP["methods"] for b in BENCHMARKS]
+    return out
+
+
+def table2_records():
+    t = config["table2"]
+    return [sim_cell(m, b) for m in t["methods"] for b in t["benchmarks"]]
+
+
+def table3_records():
+    """Simulated cells per model entry; measured ones too where the entry names a pair and `measure`."""
+    t, out = config["table3"], []
+    for e in t["models"]:
+        for m in t["methods"]:
+            for b in t["benchmarks"]:
+                out.append(sim_cell(m, b, hardware=e["hardware"], spec=e["spec"], pair=e.get("pair")))
+                if e.get("measure"):
+                    out.append(measured_cell(m, b, pair=e["pair"]))
+    return out
+
+
+def table4_records():
+    t = config["table4"]
+    return [
+        sim_cell("moespac", t["benchmark"], gamma=g, batch=b)
+        for b in t["batch_sizes"]
+        for g in t["gammas"]
+    ]
+
+
+def sweep_records(name):
+    s = SWEEPS[name]
+    cells = []
+    for m in s["methods"]:
+        for v in s["values"]:
+            if name in ("cache_ratio", "draft_cache"):
+                cells.append(sim_cell(m, s["benchmark"], cache=v))
+            elif name == "gen_length":
+                cells.append(sim_cell(m, s["benchmark"], tokens=v))
+            elif name == "batch":
+                cells.append(sim_cell(m, s["benchmark"], batch=v))
+            else:  # K
+                cells.append(sim_cell(k_method(v, m), s["benchmark"]))
+    return cells
+
+
+def study_traces(benchmarks, draft=True):
+    """Traces of the `simulation` settings (with the draft, or autoregressive) for these benchmarks."""
+    g = SIM["gamma"] if draft else 0
+    return [
+        trace_file(SIM["pair"], b, g, SIM["batch_size"], SIM["max_new_tokens"])
+        for b in benchmarks
+    ]
+
+
+def get_table_records(wildcards):
+    if wildcards.table == "appendix_a1":
+        return table1_records()
+    return {
+        "table1": table1_records,
+        "table2": table2_records,
+        "table3": table3_records,
+        "table4": table4_records,
+    }[wildcards.table]()
+
+
+def active(section):
+    return config[section]["activate"]
+
+
+def studies():
+    """{study name: record files}; a record may serve several studies (MLflow files it under the first)."""
+    out = {"table1": table1_records()}
+    for name, records in (
+        ("table2", table2_records),
+        ("table3", table3_records),
+        ("table4", table4_records),
+    ):
+        if active(name):
+            out[name] = records()
+    for name in SWEEPS:
+        if SWEEPS[name]["activate"]:
+            out[f"sweep_{name}"] = sweep_records(name)
+    cells = [c for records in out.values() for c in records]
+    traces = {trace_record_of(c) for c in cells if c.startswith("results/simulated/")}
+    out["traces"] = sorted(traces | {t.replace(".npz", ".json") for t in traces_used()})
+    return out
+
+
+def trace_record_of(sim_path):
+    """The record of the engine run that recorded the trace a simulated cell replays."""
+    m = re.match(
+        r"results/simulated/[^/]+/[^/]+/(?P<rest>[^/]+/[^/]+)/[^/]+/(?P<run>g\d+-b\d+-n\d+)-c",
+        sim_path,
+    )
+    return f"results/traces/{m['rest']}/{m['run']}.json"
+
+
+def traces_used():
+    """Every trace file the figures read directly."""
+    benchmarks = FIGS["fig4_benchmarks"] + [FIGS["heatmap_benchmark"]]
+    return study_traces(benchmarks) + study_traces(benchmarks, draft=False)
+
+
+def figure_inputs(figure):
+    """{group: files} a figure reads (records or traces)."""
+    b, fig4 = FIGS["heatmap_benchmark"], FIGS["fig4_benchmarks"]
+    if figure == "fig4_hot_cold":
+        return {"sd": study_traces(fig4), "ar": study_traces(fig4, draft=False)}
+    if figure == "fig5_sensitivity":
+        names = {"cache": "cache_ratio", "length": "gen_length", "K": "K"}
+        return {
+            g: sweep_records(s) if SWEEPS[s]["activate"] else []
+            for g, s in names.items()
+        }
+    if figure == "fig6_batch":
+        return {"batch": sweep_records("batch")}
+    if figure == "fig7_draft_vs_cache":
+        return {"records": sweep_records("draft_cache")}
+    if figure == "fig8_expert_reuse":
+        return {"records": table4_records()}
+    if figure == "fig9_heatmaps":
+        return {"sd": study_traces([b]), "ar": study_traces([b], draft=False)}
+    if figure == "fig10_utility":
+        return {"sd": study_traces([b])}
+    return {"record": ["results/overhead/scheduler.json"]}  # fig_overhead
+
+
+def get_figure_inputs(wildcards):
+    return figure_inputs(wildcards.figure)
+
+
+def get_figure_groups(wildcards, input):
+    args = [" ".join(["--group", name, *as_list(input[name])]) for name in input.keys()]
+    if wildcards.figure == "fig9_heatmaps":
+        args.append(f"--group layer {FIGS['heatmap_layer']}")
+    return " ".join(args)
+
+
+def get_tracking_inputs(wildcards):
+    """Every study's records, the overhead record, and the tables and figures (logged as artifacts)."""
+    inputs = dict(studies())
+    inputs["overhead"] = ["results/overhead/scheduler.json"]
+    if config["smoke"]["activate"]:
+        inputs["smoke"] = expand(
+            "results/smoke/generate/{arch}.json", arch=config["smoke"]["archs"]
+        )
+    inputs["outputs"] = final_paper_outputs()
+    return inputs
+
+
+def as_list(files):
+    return [files] if isinstance(files, str) else list(files)
+
+
+def get_study_args(wildcards, input):
+    names = [n for n in input.keys() if n != "outputs" and as_list(input[n])]
+    return " ".join(" ".join(["--study", n, *as_list(input[n])]) for n in names)
+
+
+# ---- outputs
+
+
+TABLES = ["table1", "table6", "appendix_a1"]
+FIGURES = ["fig4_hot_cold", "fig9_heatmaps", "fig10_utility", "fig_overhead"]
+
+
+def table_names():
+    return TABLES + [t for t in ("table2", "table3", "table4") if active(t)]
+
+
+def figure_names():
+    names = list(FIGURES)
+    if any(SWEEPS[s]["activate"] for s in ("cache_ratio", "gen_length", "K")):
+        names.append("fig5_sensitivity")
+    if SWEEPS["batch"]["activate"]:
+        names.append("fig6_batch")
+    if SWEEPS["draft_cache"]["activate"]:
+        names.append("fig7_draft_vs_cache")
+    if active("table4"):
+        names.append("fig8_expert_reuse")
+    return names
+
+
+def final_paper_outputs():
+    out = expand(
+        "paper_figs/{table}.{ext}", table=table_names(), ext=["csv", "md", "tex"]
+    )
+    out += expand(
+        "paper_figs/{figure}.{ext}", figure=figure_names(), ext=["png", "pdf"]
+    )
+    return out + ["paper_figs/audit.md"]
+
+
+def get_final_output():
+    out = final_paper_outputs()
+    if config["smoke"]["activate"]:
+        archs = config["smoke"]["archs"]
+        out += expand("results/smoke/lossless/{arch}.txt", arch=archs)
+        out += expand("results/smoke/generate/{arch}.json", arch=archs)
+    if config["tracking"]["activate"]:
+        out.append("results/mlflow/ingest.json")
+    return out
+
+
 wildcard_constraints:
-    arch="|".join(config["smoke"]["archs"]),
+    pair=alternatives(PAIRS),
+    benchmark=alternatives(KNOWN_BENCHMARKS),
+    method="[a-z0-9-]+",
+    gamma=r"\d+",
+    batch=r"\d+",
+    tokens=r"\d+",
+    cache=r"[0-9.]+",
+    hardware="[a-z0-9.-]+",
+    spec="[a-z0-9.-]+",

@@ -1,30 +1,39 @@
+# The engine's smoke study on random micro pairs: greedy speculative decoding equals greedy autoregressive
+# decoding token for token over draft lengths and cache ratios, a traced generation, and the paper's Table 6
+# numerics (hybrid MoE layer against the stock transformers layer).
+
+
 rule make_micro:
     output:
-        config="results/models/micro-{arch}/target/config.json",
-    params:
-        out=lambda wc, output: str(Path(output.config).parent.parent),
+        target="results/models/micro-{arch}/target/config.json",
+        draft="results/models/micro-{arch}/draft/config.json",
     log:
         "results/logs/make_micro/{arch}.log",
+    wildcard_constraints:
+        arch="qwen3_moe|deepseek_v2|mixtral",
     conda:
         "../envs/moespac.yaml"
+    params:
+        out="results/models/micro-{arch}",
     shell:
         "moespac make-micro --out {params.out} --arch {wildcards.arch} > {log} 2>&1"
 
 
 rule check_lossless:
     input:
-        rules.make_micro.output.config,
+        target=rules.make_micro.output.target,
+        draft=rules.make_micro.output.draft,
     output:
         "results/smoke/lossless/{arch}.txt",
-    params:
-        models=lambda wc, input: str(Path(input[0]).parent.parent),
-        prompts=config["smoke"]["lossless_prompts"],
-        gammas=",".join(map(str, config["smoke"]["gammas"])),
-        ratios=",".join(map(str, config["smoke"]["cache_ratios"])),
     log:
         "results/logs/check_lossless/{arch}.log",
     conda:
         "../envs/moespac.yaml"
+    params:
+        models=models_of_input,
+        prompts=config["smoke"]["lossless_prompts"],
+        gammas=",".join(map(str, config["smoke"]["gammas"])),
+        ratios=",".join(map(str, config["smoke"]["cache_ratios"])),
     shell:
         "moespac check-lossless --target {params.models}/target --draft {params.models}/draft"
         " --prompts {params.prompts} --gammas {params.gammas} --cache-ratios {params.ratios}"
@@ -33,18 +42,19 @@ rule check_lossless:
 
 rule generate_traced:
     input:
-        rules.make_micro.output.config,
+        target=rules.make_micro.output.target,
+        draft=rules.make_micro.output.draft,
     output:
         record="results/smoke/generate/{arch}.json",
         trace="results/smoke/generate/{arch}.npz",
-    params:
-        models=lambda wc, input: str(Path(input[0]).parent.parent),
-        policy=config["smoke"]["policy"],
-        tokens=config["smoke"]["max_new_tokens"],
     log:
         "results/logs/generate_traced/{arch}.log",
     conda:
         "../envs/moespac.yaml"
+    params:
+        models=models_of_input,
+        policy=config["smoke"]["policy"],
+        tokens=config["smoke"]["max_new_tokens"],
     shell:
         "moespac generate --target {params.models}/target --draft {params.models}/draft --greedy"
         " --policy {params.policy} --max-new-tokens {params.tokens} --prompt 'Explain speculative decoding.'"
@@ -52,11 +62,14 @@ rule generate_traced:
 
 
 rule numerics:
+    # Table 6; measured on this machine (fp32)
     output:
         "results/smoke/numerics.json",
     log:
         "results/logs/numerics/numerics.log",
     conda:
         "../envs/moespac.yaml"
+    params:
+        realistic="" if config["smoke"]["realistic_numerics"] else "--no-realistic",
     shell:
-        "moespac numerics --json {output} > {log} 2>&1"
+        "moespac numerics {params.realistic} --json {output} > {log} 2>&1"

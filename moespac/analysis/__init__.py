@@ -1,0 +1,1 @@
+"""Tables, figures and the paper audit from result records (pandas + seaborn)."""

@@ -1,0 +1,316 @@
+"""The paper's figures from result records and activation traces (seaborn), each saved as PNG + PDF.
+
+Every figure builder takes {group name: [files]} and an output prefix. Axis titles carry the timing label
+and where the numbers come from (hardware profile, which model produced the trace); a panel without data
+says why instead of being left out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from moespac.analysis import style
+from moespac.analysis.records import load_rows
+from moespac.errors import MoespacError
+from moespac.reference import appendix_value
+from moespac.scheduler.config import MoESpAcConfig
+from moespac.scheduler.estimator import UtilityEstimator
+from moespac.scheduler.metrics import hot_cold_accuracy, step_counts
+from moespac.scheduler.overhead import omega
+from moespac.trace import load_trace
+
+
+def _rows(groups: dict, name: str) -> pd.DataFrame:
+    rows = load_rows(groups.get(name, []))
+    return rows[rows["tps"].notna()] if len(rows) else rows
+
+
+def _where(rows: pd.DataFrame) -> str:
+    """'simulated, rtx4090-pcie4, qwen3-30b-a3b experts' for a set of rows (all their labels)."""
+    parts = []
+    for col in ("timing", "hardware", "model"):
+        vals = sorted({str(v) for v in rows[col].dropna()})
+        parts.append("/".join(vals) if len(vals) <= 2 else f"{len(vals)} {col}s")
+    return ", ".join(parts)
+
+
+def _lines(ax, rows: pd.DataFrame, x: str, xlabel: str, hue: str = "label") -> None:
+    if rows.empty:
+        style.placeholder(ax, f"no records for this panel ({xlabel})")
+        return
+    import seaborn as sns
+
+    data = rows.groupby([hue, x], as_index=False)["tps"].mean()
+    sns.lineplot(data=data, x=x, y="tps", hue=hue, marker="o", ax=ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"TPS ({sorted(set(rows['timing']))[0] if rows['timing'].nunique() == 1 else 'mixed timing'})")
+    ax.legend(fontsize=7, title=None)
+
+
+def _trace_label(trace) -> str:
+    facts = trace.meta.get("bench", {})
+    cfg = facts.get("config", {})
+    return f"{cfg.get('benchmark', trace.trace_id() or '?')}"
+
+
+def _alpha(trace) -> float | None:
+    rows = trace.meta.get("bench", {}).get("rows", [])
+    drafted = sum(r.get("drafted", 0) for r in rows)
+    return sum(r.get("accepted", 0) for r in rows) / drafted if drafted else None
+
+
+def _model(trace) -> str:
+    return str(trace.meta.get("target") or trace.meta.get("model_spec", {}).get("name") or "?")
+
+
+# ---- Figure 4: hot/cold prediction accuracy over steps ----------------------------------------------------
+
+def recency_per_step(counts: np.ndarray) -> np.ndarray:
+    """Accuracy of 'hot = activated at the previous step' (an AR, layer-level predictor) per step."""
+    prev = np.zeros_like(counts[0], dtype=bool)
+    out = []
+    for c in counts:
+        out.append(((c > 0) == prev).mean())
+        prev = c > 0
+    return np.asarray(out)
+
+
+def fig4_hot_cold(groups: dict, out):
+    fig, (ax,) = style.figure(width=6.0, height=3.6)
+    series = []
+    for path in groups.get("sd", []):
+        t = load_trace(path)
+        acc = hot_cold_accuracy(t)
+        a = _alpha(t)
+        series.append((f"MoE-SpAc, SD step level: {_trace_label(t)} (alpha {a:.2f})" if a is not None
+                       else f"MoE-SpAc SD: {_trace_label(t)}", acc["per_step"], "-"))
+    for path in groups.get("ar", []):
+        t = load_trace(path)
+        counts = step_counts(t)[0]
+        if len(counts):
+            series.append((f"AR, previous-token predictor: {_trace_label(t)}", recency_per_step(counts), ":"))
+            ar = hot_cold_accuracy(counts, MoESpAcConfig(ablation="no-sd"))
+            series.append((f"MoE-SpAc w/o SD (window {MoESpAcConfig().ar_window}): {_trace_label(t)}",
+                           ar["per_step"], "--"))
+    if not series:
+        style.placeholder(ax, "no traces given")
+    for label, y, ls in series:
+        ax.plot(np.arange(1, len(y) + 1), y, ls, label=f"{label}, mean {np.mean(y):.3f}", linewidth=1.2)
+    paper = appendix_value("hot_cold_accuracy")
+    if paper is not None and series:
+        ax.axhline(paper, **style.PAPER_STYLE, label=f"paper: ~{paper} (Qwen3-30B-A3B + Qwen3-4B-FP8)")
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("hot/cold accuracy (tau = 1)")
+    ax.set_ylim(0, 1.02)
+    models = sorted({_model(load_trace(p)) for g in ("sd", "ar") for p in groups.get(g, [])})
+    ax.set_title("Figure 4: online hot/cold prediction (measured traces)", fontsize=10)
+    ax.legend(fontsize=6, loc="lower right")
+    style.footnote(fig, f"Traces recorded by the real engine on {', '.join(models) or '?'}; accuracy per step averaged "
+                   "over layers. Drafts differ in quality across benchmarks (their acceptance alpha).")
+    return style.save(fig, out)
+
+
+# ---- Figure 5: cache ratio, generation length, K ----------------------------------------------------------
+
+def fig5_sensitivity(groups: dict, out):
+    fig, axes = style.figure(ncols=3, width=4.2)
+    cache, length, K = _rows(groups, "cache"), _rows(groups, "length"), _rows(groups, "K")
+    _lines(axes[0], cache, "cache_ratio", "expert cache ratio")
+    _lines(axes[1], length, "max_new_tokens", "generation length (tokens)")
+    if not K.empty:
+        K = K.assign(K=[int(str(m).rsplit("-k", 1)[1]) if "-k" in str(m) else 4 for m in K["method"]])
+        K["label"] = "MoE-SpAc"
+    _lines(axes[2], K, "K", "utility bound K")
+    if not K.empty:
+        axes[2].axvline(4, **style.PAPER_STYLE, label="paper's K = 4")
+        axes[2].legend(fontsize=7)
+    for ax, name in zip(axes, ("expert cache ratio", "generation length", "utility bound K")):
+        ax.set_title(name, fontsize=9)
+    fig.suptitle("Figure 5: sensitivity of MoE-SpAc", fontsize=10, y=1.02)
+    parts = [p for p in (cache, length, K) if not p.empty]
+    style.footnote(fig, (f"Numbers: {_where(pd.concat(parts))}. " if parts else "") + "The paper sweeps generation "
+                   "length 512-4096 on Qwen3-30B-A3B; the lengths here are those the configured traces recorded.")
+    return style.save(fig, out)
+
+
+# ---- Figure 6: batch size ------------------------------------------------------------------------------
+
+def fig6_batch(groups: dict, out):
+    fig, (ax,) = style.figure()
+    rows = _rows(groups, "batch")
+    _lines(ax, rows, "batch_size", "batch size")
+    ax.set_title("Figure 6: TPS over batch size", fontsize=10)
+    if not rows.empty:
+        style.footnote(fig, f"Numbers: {_where(rows)}.")
+    return style.save(fig, out)
+
+
+# ---- Figure 7: TPS vs cache ratio with and without the draft ------------------------------------------
+
+def fig7_draft_vs_cache(groups: dict, out):
+    fig, (ax,) = style.figure(width=5.2)
+    rows = _rows(groups, "records")
+    if not rows.empty:
+        rows = rows.assign(decoding=np.where(rows["speculative"], "with draft (SD)", "without draft (AR)"))
+        rows = rows.assign(cache_pct=100 * rows["cache_ratio"].astype(float))
+    _lines(ax, rows, "cache_pct", "expert cache ratio (%)", hue="decoding")
+    ax.set_title("Figure 7: TPS vs expert cache ratio, with and without a draft", fontsize=10)
+    draft = appendix_value("draft_memory_overhead_fraction")
+    if not rows.empty:
+        style.footnote(fig, f"Numbers: {_where(rows)}. The paper's draft (Qwen3-4B-FP8) takes about {draft:.0%} of all "
+                       "expert weights' memory: compare the SD curve at ratio r with the AR curve at r + that share.")
+    return style.save(fig, out)
+
+
+# ---- Figure 8: expert cost ratio a/b vs gamma ---------------------------------------------------------
+
+def fig8_expert_reuse(groups: dict, out):
+    fig, axes = style.figure(ncols=2)
+    rows = load_rows(groups.get("records", []))
+    rows = rows[(rows["method"] == "moespac") & (rows["batch_size"] == 1)] if len(rows) else rows
+    if rows.empty:
+        for ax in axes:
+            style.placeholder(ax, "no batch-1 MoE-SpAc records over draft lengths")
+        return style.save(fig, out)
+    by = rows.groupby("gamma").agg(a_over_b=("a_over_b", "mean"), per_token=("a_over_b_per_token", "mean"),
+                                   omega=("omega", "mean"), alpha=("acceptance_rate", "mean")).reset_index()
+    ax = axes[0]
+    ax.plot(by["gamma"], by["a_over_b"], "o-", label="a/b = distinct experts per verify step / top-k")
+    ax.plot(by["gamma"], by["omega"], "s-", label="Omega measured (tokens per verify step)")
+    ax.plot(by["gamma"], [omega(int(g), a) for g, a in zip(by["gamma"], by["alpha"])], "x:",
+            label="Omega(gamma, alpha) from the measured alpha")
+    ax.set_xlabel("draft length gamma")
+    ax.set_title("SD pays off where a/b < Omega", fontsize=9)
+    ax.legend(fontsize=6)
+    ax = axes[1]
+    ax.plot(by["gamma"], by["per_token"], "o-", label="ours: distinct / (tokens x top-k)")
+    paper_vals = [appendix_value("expert_cost_ratio_a_over_b", c) for c in ("CNN/DM", "MT-Bench", "GSM8K", "HumanEval")]
+    ax.scatter([8] * len(paper_vals), paper_vals, marker="D", color="0.35", label="paper, gamma = 8 (4 benchmarks)")
+    ax.set_xlabel("draft length gamma")
+    ax.set_ylabel("a/b per token")
+    ax.legend(fontsize=6)
+    fig.suptitle("Figure 8: expert cost ratio a/b over the draft length", fontsize=10, y=1.03)
+    style.footnote(fig, f"From the MoE-SpAc cells of Table 4 at batch 1: {_where(rows)}; "
+                   f"{'; '.join(sorted(set(rows['source'])))[:160]}.")
+    return style.save(fig, out)
+
+
+# ---- Figure 9: activation-frequency heatmaps SD vs AR --------------------------------------------------
+
+def _layer_counts(path, layer: int, max_steps: int = 64) -> tuple[np.ndarray, str]:
+    t = load_trace(path)
+    counts = step_counts(t)[0]
+    req = t.steps["step_request"][[s for s in range(t.num_steps) if t.kind(s) != "prefill"]]
+    if len(req):
+        counts = counts[req == req[0]]  # one request: its steps are consecutive
+    if layer >= counts.shape[1]:
+        raise MoespacError(f"{path}: layer {layer} >= the trace's {counts.shape[1]} MoE layers")
+    return counts[:max_steps, layer, :].T, f"{_trace_label(t)}, {_model(t)}"
+
+
+def fig9_heatmaps(groups: dict, out):
+    import seaborn as sns
+
+    layer = int((groups.get("layer") or ["0"])[0])
+    fig, axes = style.figure(ncols=2, width=5.0, height=4.0)
+    for ax, name, title in zip(axes, ("sd", "ar"), ("speculative decoding (per verify step)", "autoregressive (per token)")):
+        files = groups.get(name, [])
+        if not files:
+            style.placeholder(ax, f"no {name.upper()} trace given")
+            continue
+        counts, what = _layer_counts(files[0], layer)
+        sns.heatmap(counts, ax=ax, cmap="rocket", cbar_kws=dict(label="activations in the step"))
+        ax.set_xlabel("step")
+        ax.set_ylabel("expert")
+        ax.set_title(f"{title}\nlayer {layer}; {what}", fontsize=8)
+    fig.suptitle("Figure 9: activation frequency across iterations (measured traces)", fontsize=10, y=1.04)
+    return style.save(fig, out)
+
+
+# ---- Figure 10: r_c, r_g vs tau; utility vs frequency ------------------------------------------------
+
+def utility_curves(trace, K: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(r_c, r_g per tau) and (frequency of the next step per utility level) from one SD trace.
+
+    Experts with u >= tau before a step are on the device. r_c(tau) = share of the step's (token, slot)
+    activations that name an expert below tau (computed on the host); r_g(tau) = share of the step's
+    distinct activated experts at or above tau (computed on the device in parallel).
+    """
+    cfg = MoESpAcConfig().resolved()
+    K = K or cfg.K
+    counts = step_counts(trace)[0]
+    gamma = int(trace.steps["step_gamma"].max()) if trace.num_steps else 8
+    est = UtilityEstimator.from_config(cfg, counts.shape[1], counts.shape[2], gamma)
+    rc, rg, freq = np.zeros(K), np.zeros(K), []
+    for c in counts:
+        u = est.u
+        active = c > 0
+        for tau in range(1, K + 1):
+            hot = u >= tau
+            rc[tau - 1] += c[~hot].sum() / max(c.sum(), 1)
+            rg[tau - 1] += (active & hot).sum() / max(active.sum(), 1)
+        freq.append(pd.DataFrame({"utility": u.ravel(), "frequency": c.ravel()}))
+        est.update(c)
+    n = max(len(counts), 1)
+    ratios = pd.DataFrame({"tau": np.arange(1, K + 1), "r_c": rc / n, "r_g": rg / n})
+    return ratios, pd.concat(freq, ignore_index=True) if freq else pd.DataFrame(columns=["utility", "frequency"])
+
+
+def fig10_utility(groups: dict, out):
+    import seaborn as sns
+
+    fig, axes = style.figure(ncols=2)
+    files = groups.get("sd", [])
+    if not files:
+        for ax in axes:
+            style.placeholder(ax, "no SD trace given")
+        return style.save(fig, out)
+    t = load_trace(files[0])
+    ratios, freq = utility_curves(t)
+    ax = axes[0]
+    ax.plot(ratios["tau"], 1 - ratios["r_c"], "o:", label="1 - r_c: activations on the device")
+    ax.plot(ratios["tau"], ratios["r_g"], "s-", label="r_g: distinct activated experts on the device")
+    ax.set_xlabel("threshold tau")
+    ax.set_ylabel("share")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+    ax.set_title("(a) device shares vs tau", fontsize=9)
+    sns.barplot(data=freq, x="utility", y="frequency", ax=axes[1], color=sns.color_palette()[0], errorbar="sd")
+    axes[1].set_title("(b) next-step activation frequency per utility level", fontsize=9)
+    fig.suptitle(f"Figure 10: utility and threshold on a measured trace ({_trace_label(t)}, {_model(t)})", fontsize=9)
+    return style.save(fig, out)
+
+
+# ---- Section 3.4: runtime overhead ---------------------------------------------------------------------
+
+def fig_overhead(groups: dict, out):
+    import json
+
+    fig, (ax,) = style.figure(width=5.6)
+    files = groups.get("record", [])
+    if not files:
+        style.placeholder(ax, "no overhead record")
+        return style.save(fig, out)
+    rec = json.loads(open(files[0]).read())
+    m, paper = rec["metrics"], rec.get("paper", {})
+    items = [("estimator update\n(ms / step)", m["estimator_ms_per_step"], paper.get("estimator_ms_per_step")),
+             ("tau selection\n(ms / 512 tokens)", m["tau_ms_per_generation"], paper.get("tau_ms_per_generation")),
+             ("estimator state\n(KB)", m["state_kb"], paper.get("state_kb"))]
+    data = pd.DataFrame([dict(what=w, source=f"ours ({rec['timing']}, this CPU)", value=v) for w, v, _ in items]
+                        + [dict(what=w, source="paper (its machine)", value=p) for w, _, p in items if p is not None])
+    import seaborn as sns
+
+    sns.barplot(data=data, x="what", y="value", hue="source", ax=ax)
+    ax.set_yscale("log")
+    ax.set_xlabel("")
+    ax.set_ylabel("value (log scale)")
+    L, E, k = m["shape"]
+    ax.set_title(f"Section 3.4: MoE-SpAc scheduler overhead at {L}x{E} top-{k}, gamma {m['gamma']}", fontsize=9)
+    ax.legend(fontsize=7)
+    return style.save(fig, out)
+
+
+FIGURES = {"fig4_hot_cold": fig4_hot_cold, "fig5_sensitivity": fig5_sensitivity, "fig6_batch": fig6_batch,
+           "fig7_draft_vs_cache": fig7_draft_vs_cache, "fig8_expert_reuse": fig8_expert_reuse,
+           "fig9_heatmaps": fig9_heatmaps, "fig10_utility": fig10_utility, "fig_overhead": fig_overhead}

@@ -1,0 +1,145 @@
+"""Result records -> one flat row per cell (pandas), the only input of every table and figure.
+
+A row says what was run (method, benchmark, settings), how its numbers were obtained (timing label,
+hardware, the model that produced them) and the numbers (TPS, latency, acceptance, cache hits, a/b).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from moespac.errors import MoespacError
+from moespac.registry import parse_policy
+from moespac.study import METHODS
+
+# wrapped systems -> method slug (without draft, with draft)
+WRAPPED_METHODS = {"llama.cpp": ("llamacpp", "llamacpp-sd"), "accelerate": ("accelerate", "accelerate"),
+                   "vllm": ("vllm", "vllm"), "moe-spac-release": ("moespac", "moespac")}
+
+COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "speculative", "gamma", "batch_size",
+           "max_new_tokens", "cache_ratio", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
+           "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
+           "skipped", "skip_reason", "config_hash"]
+
+
+def _key(policy: str, draft: bool) -> tuple:
+    name, options = parse_policy(policy)
+    return name, tuple(sorted(options.items())), bool(draft)
+
+
+_BY_KEY = {_key(m.policy, m.draft): slug for slug, m in METHODS.items()}
+
+
+def method_of(policy: str, speculative: bool) -> str:
+    """The catalogue slug of a policy spec run with or without a draft (K variants: <base>-k<K>)."""
+    key = _key(policy, speculative)
+    if key in _BY_KEY:
+        return _BY_KEY[key]
+    name, options = parse_policy(policy)
+    if "K" in options:
+        rest = {k: v for k, v in options.items() if k != "K"}
+        base = _BY_KEY.get((name, tuple(sorted(rest.items())), bool(speculative)))
+        if base:
+            return f"{base}-k{options['K']}"
+    return f"{policy}{' w/ SD' if speculative else ''}"
+
+
+def label_of(method: str) -> str:
+    from moespac.study import get_method
+
+    try:
+        return get_method(method).label
+    except MoespacError:
+        return method
+
+
+def read_json(path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise MoespacError(f"record {path}: cannot read ({e})") from None
+
+
+def _mean(stat):
+    """metrics fields are either numbers or {n, mean, ...} summaries."""
+    if isinstance(stat, dict):
+        return stat.get("mean")
+    return stat
+
+
+def _num(x):
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def bench_row(rec: dict) -> dict:
+    c, m = rec["config"], rec["metrics"]
+    speculative = int(c.get("gamma") or 0) > 0
+    method = method_of(c["policy"], speculative)
+    cost = m.get("expert_cost_ratio") or {}
+    if rec["timing"] == "simulated":
+        sim = rec.get("simulation") or {}
+        mapped = " (trace layers/experts mapped)" if sim.get("topology_mapping") else ""
+        draft = (sim.get("draft") or {}).get("spec")
+        hardware = c.get("hardware")
+        model = f"{c.get('model_spec')} experts{mapped}"
+        source = f"trace of {c.get('target_id') or c.get('target')}" + (f"; draft cost of {draft}" if draft else "")
+    else:
+        env = rec.get("environment") or {}
+        gpu = env.get("gpu")
+        hardware = gpu["name"] if gpu else f"CPU ({env.get('cpu') or '?'}, {env.get('cpu_threads')} threads)"
+        model = c.get("target_id") or c.get("target")
+        source = f"draft {c.get('draft_id') or c.get('draft')}" if speculative else "no draft"
+    return dict(
+        kind="bench", timing=rec["timing"], method=method, label=label_of(method), benchmark=c["benchmark"],
+        policy=c["policy"], speculative=speculative, gamma=int(c.get("gamma") or 0), batch_size=c.get("batch_size"),
+        max_new_tokens=c.get("max_new_tokens"), cache_ratio=c.get("cache_ratio"), hardware=hardware, model=model,
+        source=source, tps=_num(_mean(m.get("tokens_per_s"))), latency_s=_num(_mean(m.get("latency_s"))),
+        acceptance_rate=_num(m.get("acceptance_rate")), omega=_num(m.get("omega")), hit_rate=_num(m.get("hit_rate")),
+        host_share=_num(m.get("host_share")), a_over_b=_num(cost.get("a_over_b")),
+        a_over_b_per_token=_num(cost.get("per_token")), hot_cold_accuracy=_num(m.get("hot_cold_accuracy")),
+        requests=m.get("requests"), skipped=False, skip_reason=None)
+
+
+def wrapped_row(rec: dict) -> dict:
+    c, m = rec["config"], rec["metrics"]
+    system = rec.get("system") or c.get("system")
+    speculative = bool(c.get("speculative"))
+    plain, sd = WRAPPED_METHODS.get(system, (system, f"{system}-sd"))
+    method = sd if speculative else plain
+    env = rec.get("environment") or {}
+    gpu = env.get("gpu")
+    return dict(
+        kind="wrapped", timing="wrapped", method=method, label=label_of(method), benchmark=c.get("benchmark"),
+        policy=system, speculative=speculative, gamma=int((c.get("run") or {}).get("draft_max") or 0) if speculative else 0,
+        batch_size=1, max_new_tokens=c.get("max_new_tokens"), cache_ratio=None,
+        hardware=gpu["name"] if gpu else f"CPU ({env.get('cpu') or '?'})", model=c.get("model_pair"),
+        source=f"{system} {c.get('version', '')}".strip(),
+        tps=_num(m.get("decode_tokens_per_s_mean", m.get("decode_tokens_per_s"))), latency_s=_num(m.get("latency_s_mean")),
+        acceptance_rate=_num(m.get("acceptance_rate")), omega=None, hit_rate=None, host_share=None, a_over_b=None,
+        a_over_b_per_token=None, hot_cold_accuracy=None, requests=m.get("requests"),
+        skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"))
+
+
+def record_row(path) -> dict:
+    """One record file -> one row (MoespacError for a failure record or an unknown kind)."""
+    rec = read_json(path)
+    kind = rec.get("kind")
+    if kind == "bench":
+        row = bench_row(rec)
+    elif kind == "wrapped":
+        row = wrapped_row(rec)
+    else:
+        raise MoespacError(f"record {path}: kind {kind!r} is not a benchmark cell")
+    if row["timing"] != rec.get("timing"):
+        raise MoespacError(f"record {path}: timing label {rec.get('timing')!r} disagrees with its kind")
+    return dict(row, path=str(path), config_hash=rec.get("config_hash"))
+
+
+def load_rows(paths) -> pd.DataFrame:
+    """Rows of every benchmark record in `paths` (other files are ignored: traces, numerics)."""
+    rows = [record_row(p) for p in paths if str(p).endswith(".json")]
+    return pd.DataFrame(rows, columns=COLUMNS)

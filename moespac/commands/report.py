@@ -1,0 +1,92 @@
+"""`moespac report`: the paper's tables, figures and audit page from result records (and the Sec. 3.4 overhead)."""
+
+from __future__ import annotations
+
+from moespac.errors import MoespacError
+
+TABLES = ("table1", "table2", "table3", "table4", "table6", "appendix_a1")
+# moespac.analysis.figures.FIGURES; named here so that building the CLI does not import matplotlib
+FIGURES = ("fig4_hot_cold", "fig5_sensitivity", "fig6_batch", "fig7_draft_vs_cache", "fig8_expert_reuse",
+           "fig9_heatmaps", "fig10_utility", "fig_overhead")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="tables, figures and the audit page from result records",
+                       description=__doc__.splitlines()[0])
+    rsub = p.add_subparsers(dest="report_command", required=True, metavar="WHAT")
+
+    t = rsub.add_parser("table", help="one paper table as PREFIX.csv, PREFIX.md and PREFIX.tex")
+    t.add_argument("name", choices=TABLES)
+    t.add_argument("inputs", nargs="+", help="result records (Table 6: the `moespac numerics --json` file)")
+    t.add_argument("--out", required=True, metavar="PREFIX", help="output path without extension")
+    t.set_defaults(func=run_table)
+
+    f = rsub.add_parser("figure", help="one paper figure as PREFIX.png and PREFIX.pdf")
+    f.add_argument("name", choices=FIGURES)
+    f.add_argument("--group", action="append", nargs="+", default=[], metavar=("NAME", "FILE"),
+                   help="a named group of input files (records or traces); repeat per group")
+    f.add_argument("--out", required=True, metavar="PREFIX", help="output path without extension")
+    f.set_defaults(func=run_figure)
+
+    a = rsub.add_parser("audit", help="which of the paper's headline claims re-derive from its own tables")
+    a.add_argument("--table1", default=None, help="our paper_figs/table1.csv, to compare our numbers with each claim")
+    a.add_argument("--out", required=True, help="Markdown file")
+    a.set_defaults(func=run_audit)
+
+    o = rsub.add_parser("overhead", help="time MoE-SpAc's estimator and balancer at Qwen3-30B-A3B's shape (measured)")
+    o.add_argument("--alpha", type=float, default=0.8, help="acceptance rate that sets the verify steps (default 0.8)")
+    o.add_argument("--repeats", type=int, default=5)
+    o.add_argument("--json", required=True, help="write the result record here")
+    o.set_defaults(func=run_overhead)
+
+
+def run_table(args) -> int:
+    from moespac.analysis import tables
+    from moespac.analysis.records import load_rows
+    from moespac.analysis.render import write_table
+
+    if args.name == "table6":
+        long, blocks = tables.table6(args.inputs[0])
+    else:
+        rows = load_rows(args.inputs)
+        if rows.empty:
+            raise MoespacError(f"{args.name}: no result records among the inputs")
+        long, blocks = tables.BUILDERS[args.name](rows)
+    paths = write_table(args.out, tables.TITLES[args.name], long, blocks)
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+def run_figure(args) -> int:
+    from moespac.analysis import figures
+
+    groups = {}
+    for name, *files in args.group:
+        groups.setdefault(name, []).extend(files)
+    paths = figures.FIGURES[args.name](groups, args.out)
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+def run_audit(args) -> int:
+    from moespac.analysis.audit import write_audit
+
+    write_audit(args.out, args.table1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def run_overhead(args) -> int:
+    from moespac.record import make_record, write_record
+    from moespac.scheduler.overhead import PAPER, measure
+
+    if not 0 <= args.alpha < 1 or args.repeats < 1:
+        raise MoespacError("--alpha must lie in [0, 1) and --repeats be >= 1")
+    m = measure(alpha=args.alpha, repeats=args.repeats)
+    config = dict(study="scheduler-overhead", alpha=args.alpha, repeats=args.repeats, shape=list(m["shape"]),
+                  gamma=m["gamma"])
+    write_record(args.json, make_record("overhead", "measured", config, m, paper=PAPER))
+    print(f"estimator {m['estimator_ms_per_step']:.4f} ms/step (paper {PAPER['estimator_ms_per_step']}), "
+          f"tau {m['tau_ms_per_generation']:.3f} ms/generation (paper {PAPER['tau_ms_per_generation']}), "
+          f"state {m['state_kb']:.1f} KiB (paper ~{PAPER['state_kb']:.0f} KB); timing: measured")
+    return 0

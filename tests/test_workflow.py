@@ -1,0 +1,124 @@
+"""The Snakemake workflow: dry runs of the shipped configs, lint, config errors that name the key before any
+job runs, and one tiny study end to end (micro pair, one benchmark, a few tokens, sweeps of two values)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "tests" / "fixtures" / "workflow_tiny.yaml"
+BIN = Path(sys.executable).parent
+
+
+def snakemake(*args, cwd=REPO, timeout=900):
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
+    return subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def job_counts(out: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run."""
+    lines = out[out.index("Job stats:"):].splitlines()[3:]
+    counts = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts
+
+
+@pytest.mark.parametrize("configfile", [None, "workflows/config/paper.yaml"])
+def test_dry_run_of_the_shipped_configs(configfile, tmp_path):
+    args = ["-n", "--quiet", "rules"] + (["--configfile", REPO / configfile] if configfile else [])
+    r = snakemake(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    counts = job_counts(r.stdout)
+    assert counts["simulate_cell"] > 100 and counts["record_trace"] >= 14 and counts["paper_figure"] == 8
+    assert counts["paper_table"] == 5 and counts["log_mlflow"] == 1 and counts["bench_measured"] >= 14
+    if configfile:  # the paper's models come from the hub; nothing is trained here
+        assert counts["link_hub_pair"] == 2 and "build_proxy_pair" not in counts
+    else:
+        assert counts["build_proxy_pair"] == 2 and counts["build_llamacpp"] == 1 and counts["bench_llamacpp"] == 14
+
+
+def test_lint_is_clean():
+    r = snakemake("--lint")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def bad_config(tmp_path, edit) -> Path:
+    config = yaml.safe_load(TINY.read_text())
+    edit(config)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda c: c["engine"].update(speed=3), ["speed", "engine"]),  # unknown key
+    (lambda c: c["engine"].update(limit="two"), ["limit", "engine"]),  # wrong type
+    (lambda c: c["table2"].update(benchmarks=["gsm9k"]), ["table2.benchmarks[0]", "gsm9k"]),
+    (lambda c: c["table1"].update(methods=["moespac", "hybrimo"]), ["table1.methods[1]", "hybrimo"]),
+    (lambda c: c["simulation"].update(hardware="rtx5090"), ["simulation.hardware", "rtx5090"]),
+    (lambda c: c["smoke"].update(policy="moespac:nope=1"), ["smoke.policy", "nope"]),
+    (lambda c: c["engine"].update(pair="nopair"), ["engine.pair", "nopair"]),
+], ids=["unknown-key", "wrong-type", "benchmark", "method", "hardware", "policy-option", "pair"])
+def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, edit, needles):
+    r = snakemake("--cores", 1, "--configfile", bad_config(tmp_path, edit), cwd=tmp_path)
+    assert r.returncode != 0
+    text = r.stdout + r.stderr
+    for needle in needles:
+        assert needle in text, text[-2000:]
+    assert not (tmp_path / "results").exists() and not (tmp_path / "paper_figs").exists()
+
+
+def test_tiny_study_end_to_end(tmp_path):
+    r = snakemake("--cores", 2, "--configfile", TINY, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    figs = tmp_path / "paper_figs"
+    for name in ("table1", "table2", "table3", "table4", "table6", "appendix_a1"):
+        for ext in ("csv", "md", "tex"):
+            assert (figs / f"{name}.{ext}").stat().st_size > 0, name
+    for name in ("fig4_hot_cold", "fig5_sensitivity", "fig6_batch", "fig7_draft_vs_cache", "fig8_expert_reuse",
+                 "fig9_heatmaps", "fig10_utility", "fig_overhead"):
+        assert (figs / f"{name}.png").read_bytes()[:4] == b"\x89PNG" and (figs / f"{name}.pdf").exists(), name
+    assert "does not re-derive" in (figs / "audit.md").read_text()
+
+    # every Table 1 cell carries its timing label and the model that produced it; nothing simulated says measured
+    t1 = pd.read_csv(figs / "table1.csv")
+    cells = t1[t1["benchmark"] != "average"]
+    assert set(cells["timing"]) == {"simulated", "measured"} and cells["model"].notna().all()
+    sim = cells[cells["timing"] == "simulated"]
+    assert set(sim["hardware"]) == {"rtx4090-pcie4"} and sim["model"].str.startswith("qwen3-30b-a3b experts").all()
+    assert set(sim["label"]) == {"llama.cpp", "HybriMoE", "MoE-SpAc"}
+    md = (figs / "table1.md").read_text()
+    assert "simulated on rtx4090-pcie4" in md and " S (paper 27.82)" in md and " M (paper 27.82)" in md
+
+    # MLflow: one run per result record, filed by study
+    ingest = json.loads((tmp_path / "results/mlflow/ingest.json").read_text())
+    records = [p for p in ingest["runs"] if p != "outputs"]
+    assert ingest["created"] == len(records) and not ingest["skipped"]
+    assert any(p.startswith("results/traces/") for p in records)
+
+    # the HTML report bundles the figures with their captions
+    report = snakemake("--report", tmp_path / "report.html", "--configfile", TINY, cwd=tmp_path)
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    assert (tmp_path / "report.html").stat().st_size > 10000
+
+    # a second run has nothing to do
+    again = snakemake("-n", "--cores", 2, "--configfile", TINY, cwd=tmp_path)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout, again.stdout[-2000:]
+
+    # one more cache ratio reruns only what depends on it: one simulated cell, Figure 5, the MLflow step
+    changed = bad_config(tmp_path, lambda c: c["sweeps"]["cache_ratio"].update(values=[0.25, 0.5, 0.75]))
+    dry = snakemake("-n", "--quiet", "rules", "--cores", 2, "--configfile", changed, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert job_counts(dry.stdout) == {"simulate_cell": 1, "paper_figure": 1, "log_mlflow": 1, "all": 1}

@@ -1,0 +1,102 @@
+# The runs. Each writes one self-describing result record (moespac/bench/result.schema.json) atomically; on
+# error the harness leaves RESULT.failure.json beside it. Timed rules hold the `gpu` resource (capped at 1 in
+# the default profile) so that two timed jobs never share the accelerator (or, on a CPU, the cores).
+
+
+rule record_trace:
+    # One engine run records the activation trace every policy is then replayed on (routing does not depend
+    # on the policy). gamma 0: autoregressive. Its record is a measured all-host run on this machine.
+    input:
+        pair=get_pair_ready,
+    output:
+        trace="results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.npz",
+        record="results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.json",
+    log:
+        "results/logs/record_trace/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.log",
+    benchmark:
+        "results/benchmarks/record_trace/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.tsv"
+    conda:
+        "../envs/moespac.yaml"
+    threads: 1
+    params:
+        models=get_model_args,
+        limit=get_trace_limit,
+        prompts=get_prompt_args,
+    shell:
+        "OMP_NUM_THREADS={threads} moespac bench {params.models} --benchmark {wildcards.benchmark}"
+        " --policy all-host --cache-ratio 0 --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
+        " --max-new-tokens {wildcards.tokens} {params.limit} {params.prompts} --warmup 0 --no-progress"
+        " --trace {output.trace} --out {output.record} > {log} 2>&1"
+
+
+rule simulate_cell:
+    # A trace replayed through one policy on a hardware profile with a model's expert sizes (seconds).
+    input:
+        trace=get_trace,
+    output:
+        "results/simulated/{hardware}/{spec}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.json",
+    log:
+        "results/logs/simulate_cell/{hardware}/{spec}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.log",
+    conda:
+        "../envs/moespac.yaml"
+    threads: 1
+    params:
+        policy=get_policy,
+    shell:
+        "moespac bench --timing simulated --from-trace {input.trace} --hardware {wildcards.hardware}"
+        " --model-spec {wildcards.spec} --allow-topology-mismatch --benchmark {wildcards.benchmark}"
+        " --policy '{params.policy}' --cache-ratio {wildcards.cache} --no-progress --out {output} > {log} 2>&1"
+
+
+rule bench_measured:
+    # The real engine timed on this machine.
+    input:
+        pair=get_pair_ready,
+    output:
+        "results/measured/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.json",
+    log:
+        "results/logs/bench_measured/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.log",
+    benchmark:
+        "results/benchmarks/bench_measured/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.tsv"
+    conda:
+        "../envs/moespac.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        models=get_model_args,
+        policy=get_policy,
+        limit=get_limit(ENGINE),
+        prompts=get_prompt_args,
+        warmup=ENGINE["warmup"],
+    shell:
+        "OMP_NUM_THREADS={threads} moespac bench {params.models} --benchmark {wildcards.benchmark}"
+        " --policy '{params.policy}' --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
+        " --max-new-tokens {wildcards.tokens} --cache-ratio {wildcards.cache} {params.limit} {params.prompts}"
+        " --warmup {params.warmup} --no-progress --out {output} > {log} 2>&1"
+
+
+rule bench_llamacpp:
+    # llama.cpp as shipped (built from source), without or with the draft.
+    input:
+        pair=get_pair_ready,
+        build="results/build/llamacpp.json",
+    output:
+        "results/wrapped/{pair}/{benchmark}/{method}/g{gamma}-n{tokens}.json",
+    log:
+        "results/logs/bench_llamacpp/{pair}/{benchmark}/{method}/g{gamma}-n{tokens}.log",
+    benchmark:
+        "results/benchmarks/bench_llamacpp/{pair}/{benchmark}/{method}/g{gamma}-n{tokens}.tsv"
+    wildcard_constraints:
+        method="llamacpp|llamacpp-sd",
+    conda:
+        "../envs/moespac.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        pair=get_pair_folder,
+        run=get_llamacpp_args,
+    shell:
+        "moespac wrapped llamacpp --model-pair {params.pair} --benchmark {wildcards.benchmark}"
+        " --max-new-tokens {wildcards.tokens} {params.run} --threads {threads} --out {output} > {log} 2>&1"

@@ -1,0 +1,75 @@
+# Models and external systems the study runs on: proxy pairs trained here, random micro pairs, hub pairs
+# linked from the Hugging Face cache, and llama.cpp built from source.
+
+
+rule build_proxy_pair:
+    output:
+        target="results/models/{pair}/target/config.json",
+        draft="results/models/{pair}/draft/config.json",
+    log:
+        "results/logs/build_proxy_pair/{pair}.log",
+    benchmark:
+        "results/benchmarks/build_proxy_pair/{pair}.tsv"
+    wildcard_constraints:
+        pair=alternatives(pairs_of("build")),
+    conda:
+        "../envs/moespac.yaml"
+    # one thread each: two pairs train side by side within their wall-clock budgets
+    threads: 1
+    params:
+        out=get_pair_folder,
+        build=get_build_args,
+    shell:
+        "moespac build-proxy {params.build} --out {params.out} --force --threads {threads}"
+        " > {log} 2>&1"
+
+
+rule make_micro_pair:
+    output:
+        target="results/models/{pair}/target/config.json",
+        draft="results/models/{pair}/draft/config.json",
+    log:
+        "results/logs/make_micro_pair/{pair}.log",
+    wildcard_constraints:
+        pair=alternatives(pairs_of("micro")),
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        out=get_pair_folder,
+        arch=get_micro_arch,
+    shell:
+        "moespac make-micro --out {params.out} --arch {params.arch} > {log} 2>&1"
+
+
+rule link_hub_pair:
+    output:
+        "resources/models/{pair}/linked.txt",
+    log:
+        "results/logs/link_hub_pair/{pair}.log",
+    wildcard_constraints:
+        pair=alternatives(pairs_of("target")),
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        out=get_pair_folder,
+        target=get_hub_target,
+        draft=get_hub_draft,
+    shell:
+        # the hub cache holds the weights once; the pair folder links to its snapshots (for wrapped systems)
+        "(t=$(hf download {params.target} --quiet) && d=$(hf download {params.draft} --quiet)"
+        " && ln -sfn $t {params.out}/target && ln -sfn $d {params.out}/draft"
+        " && echo {params.target} {params.draft} > {output}) > {log} 2>&1"
+
+
+rule build_llamacpp:
+    output:
+        "results/build/llamacpp.json",
+    log:
+        "results/logs/build_llamacpp/build.log",
+    benchmark:
+        "results/benchmarks/build_llamacpp/build.tsv"
+    conda:
+        "../envs/moespac.yaml"
+    threads: 2
+    shell:
+        "moespac wrapped build-llamacpp --jobs {threads} --json {output} > {log} 2>&1"

@@ -1,0 +1,41 @@
+# The paper's figures (PNG + PDF, seaborn) from result records and activation traces, and the measurement
+# behind the Section 3.4 overhead figure.
+
+
+rule scheduler_overhead:
+    # MoE-SpAc's estimator and balancer timed at Qwen3-30B-A3B's shape on this CPU (measured)
+    output:
+        "results/overhead/scheduler.json",
+    log:
+        "results/logs/scheduler_overhead/scheduler.log",
+    conda:
+        "../envs/moespac.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+    params:
+        alpha=FIGS["overhead_alpha"],
+        repeats=FIGS["overhead_repeats"],
+    shell:
+        "OMP_NUM_THREADS={threads} moespac report overhead --alpha {params.alpha} --repeats {params.repeats} --json {output} > {log} 2>&1"
+
+
+rule paper_figure:
+    input:
+        unpack(get_figure_inputs),
+    output:
+        png=report(
+            "paper_figs/{figure}.png",
+            caption="../report/figures.rst",
+            category="Figures",
+        ),
+        pdf="paper_figs/{figure}.pdf",
+    log:
+        "results/logs/paper_figure/{figure}.log",
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        groups=get_figure_groups,
+        prefix=output_prefix,
+    shell:
+        "moespac report figure {wildcards.figure} {params.groups} --out {params.prefix} > {log} 2>&1"

@@ -1,0 +1,53 @@
+# The paper's tables from result records: paper_figs/NAME.{csv,md,tex}, ours beside the paper's numbers,
+# the timing label on every cell; and the audit page of the paper's headline claims.
+
+
+rule paper_table:
+    input:
+        get_table_records,
+    output:
+        csv=report(
+            "paper_figs/{table}.csv", caption="../report/tables.rst", category="Tables"
+        ),
+        md="paper_figs/{table}.md",
+        tex="paper_figs/{table}.tex",
+    log:
+        "results/logs/paper_table/{table}.log",
+    wildcard_constraints:
+        table="table1|table2|table3|table4|appendix_a1",
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        prefix=output_prefix,
+    shell:
+        "moespac report table {wildcards.table} {input} --out {params.prefix} > {log} 2>&1"
+
+
+rule table6:
+    input:
+        "results/smoke/numerics.json",
+    output:
+        csv=report(
+            "paper_figs/table6.csv", caption="../report/tables.rst", category="Tables"
+        ),
+        md="paper_figs/table6.md",
+        tex="paper_figs/table6.tex",
+    log:
+        "results/logs/paper_table/table6.log",
+    conda:
+        "../envs/moespac.yaml"
+    shell:
+        "moespac report table table6 {input} --out paper_figs/table6 > {log} 2>&1"
+
+
+rule audit:
+    input:
+        table1="paper_figs/table1.csv",
+    output:
+        report("paper_figs/audit.md", caption="../report/audit.rst", category="Audit"),
+    log:
+        "results/logs/audit/audit.log",
+    conda:
+        "../envs/moespac.yaml"
+    shell:
+        "moespac report audit --table1 {input.table1} --out {output} > {log} 2>&1"
