@@ -116,3 +116,28 @@ def test_table4_and_table3_put_the_papers_numbers_beside_ours():
     by = {r[2]: r for r in block.rows}
     assert by["MoE-SpAc"] == ["rtx4090-pcie4", "deepseek-v2-lite", "MoE-SpAc", "40.00 S (paper 47.26)"]
     assert by["Rel. Improv."][3] == "+100.0% S"
+
+
+def test_sweep_figures_from_records(tmp_path):
+    """Figures 5-7 from hand-made records (the workflow test switches these sweeps off to stay short)."""
+    import json
+
+    from moespac.analysis.figures import FIGURES
+    from moespac.record import make_record
+
+    def record(name, policy="moespac", gamma=8, cache=0.25, tokens=64, batch=1, tps=10.0):
+        config = dict(benchmark="mt-bench", policy=policy, gamma=gamma, batch_size=batch, max_new_tokens=tokens,
+                      cache_ratio=cache, hardware="rtx4090-pcie4", model_spec="qwen3-30b-a3b", target="t")
+        rec = make_record("bench", "simulated", config, dict(tokens_per_s=dict(mean=tps), latency_s=dict(mean=1.0)))
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(rec))
+        return str(path)
+
+    cache = [record(f"c{c}", cache=c, tps=10 + 10 * c) for c in (0.1, 0.5)]
+    groups = {"cache": cache, "length": [record(f"n{n}", tokens=n) for n in (64, 128)],
+              "K": [record(f"k{k}", policy=f"moespac:K={k}") for k in (2, 4)],
+              "batch": [record(f"b{b}", batch=b, policy="hybrimoe", gamma=0) for b in (1, 2)],
+              "records": cache + [record(f"ar{c}", policy="moespac:ablation=no-sd", gamma=0, cache=c) for c in (0.1, 0.5)]}
+    for name in ("fig5_sensitivity", "fig6_batch", "fig7_draft_vs_cache"):
+        png, pdf = FIGURES[name](groups, tmp_path / name)
+        assert png.read_bytes()[:4] == b"\x89PNG" and pdf.read_bytes()[:4] == b"%PDF"

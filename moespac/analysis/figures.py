@@ -61,7 +61,9 @@ def _alpha(trace) -> float | None:
 
 
 def _model(trace) -> str:
-    return str(trace.meta.get("target") or trace.meta.get("model_spec", {}).get("name") or "?")
+    from moespac.analysis.records import short
+
+    return short(trace.meta.get("target") or trace.meta.get("model_spec", {}).get("name") or "?")
 
 
 # ---- Figure 4: hot/cold prediction accuracy over steps ----------------------------------------------------

@@ -71,6 +71,17 @@ def _mean(stat):
     return stat
 
 
+def short(name) -> str | None:
+    """A model folder as the project names it (relative to the working directory), hub ids unchanged."""
+    if name is None:
+        return None
+    text = str(name)
+    try:
+        return str(Path(text).relative_to(Path.cwd())) if Path(text).is_absolute() else text
+    except ValueError:
+        return text
+
+
 def _num(x):
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
@@ -83,16 +94,16 @@ def bench_row(rec: dict) -> dict:
     if rec["timing"] == "simulated":
         sim = rec.get("simulation") or {}
         mapped = " (trace layers/experts mapped)" if sim.get("topology_mapping") else ""
-        draft = (sim.get("draft") or {}).get("spec")
+        draft = short((sim.get("draft") or {}).get("spec"))
         hardware = c.get("hardware")
         model = f"{c.get('model_spec')} experts{mapped}"
-        source = f"trace of {c.get('target_id') or c.get('target')}" + (f"; draft cost of {draft}" if draft else "")
+        source = f"trace of {short(c.get('target_id') or c.get('target'))}" + (f"; draft cost of {draft}" if draft else "")
     else:
         env = rec.get("environment") or {}
         gpu = env.get("gpu")
         hardware = gpu["name"] if gpu else f"CPU ({env.get('cpu') or '?'}, {env.get('cpu_threads')} threads)"
-        model = c.get("target_id") or c.get("target")
-        source = f"draft {c.get('draft_id') or c.get('draft')}" if speculative else "no draft"
+        model = short(c.get("target_id") or c.get("target"))
+        source = f"draft {short(c.get('draft_id') or c.get('draft'))}" if speculative else "no draft"
     return dict(
         kind="bench", timing=rec["timing"], method=method, label=label_of(method), benchmark=c["benchmark"],
         policy=c["policy"], speculative=speculative, gamma=int(c.get("gamma") or 0), batch_size=c.get("batch_size"),

@@ -211,7 +211,11 @@ def table3_records():
     for e in t["models"]:
         for m in t["methods"]:
             for b in t["benchmarks"]:
-                out.append(sim_cell(m, b, hardware=e["hardware"], spec=e["spec"], pair=e.get("pair")))
+                out.append(
+                    sim_cell(
+                        m, b, hardware=e["hardware"], spec=e["spec"], pair=e.get("pair")
+                    )
+                )
                 if e.get("measure"):
                     out.append(measured_cell(m, b, pair=e["pair"]))
     return out
