@@ -50,7 +50,8 @@ def render(c: dict) -> str:
         "| | architecture | params | shape |", "|---|---|---|---|",
         f"| target | Qwen3-MoE | {tgt['params']:,} ({tgt['active_params']:,} active per token) | {cfg['layers']} layers, "
         f"hidden {cfg['hidden']}, {cfg['heads']} heads ({cfg['kv_heads']} KV) x {cfg['head_dim']}, {cfg['experts']} "
-        f"experts top-{cfg['top_k']}, expert FFN {cfg['moe_ffn']}, router aux loss coefficient {cfg['aux_loss_coef']} |",
+        f"experts top-{cfg['top_k']}, expert FFN {cfg['moe_ffn']}, router load-balancing loss (per layer, averaged) "
+        f"coefficient {cfg['aux_loss_coef']} |",
         f"| draft | dense Qwen3 | {dft['params']:,} | {cfg['draft_layers']} layers, hidden {cfg['draft_hidden']}, "
         f"FFN {cfg['draft_ffn']}{', embeddings / output head initialised from the target' if cfg['draft_from_target'] else ''} |",
         "", "## Training (measured)", "",
