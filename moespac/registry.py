@@ -73,7 +73,8 @@ def make_policy(spec: str) -> Policy:
     if name not in table:
         raise MoespacError(f"unknown policy {name!r}; known: {', '.join(sorted(table))}")
     cls = table[name]
-    params = inspect.signature(cls.__init__).parameters
+    # a policy without its own __init__ inherits object's (*args, **kwargs): it takes no options
+    params = {} if cls.__init__ is object.__init__ else inspect.signature(cls.__init__).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     for key in kwargs:
         if key not in params and not accepts_any:

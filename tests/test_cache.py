@@ -66,3 +66,12 @@ def test_prefetch_queue_priority_fifo_and_drop():
     assert q.pop() is None
     q.push([Prefetch(0, 0, 2)])  # a new request for a dropped layer is live again
     assert q.pop() == Prefetch(0, 0, 2)
+
+
+def test_unknown_policy_option_is_named():
+    from moespac.registry import make_policy
+
+    with pytest.raises(MoespacError, match="has no option 'nope'"):
+        make_policy("lru:nope=1")
+    with pytest.raises(MoespacError, match="unknown policy 'no-such'"):
+        make_policy("no-such")
