@@ -1,5 +1,5 @@
-"""Does the proxy pair behave like the paper's models? Greedy speculative decoding over each benchmark's
-offline prompts through the real engine, with an activation trace, then: acceptance rate, expert popularity
+"""Does the proxy pair behave like the paper's models? Speculative decoding (greedy by default) over each
+benchmark's offline prompts through the real engine, with an activation trace, then: acceptance rate, expert popularity
 (share of activations taken by the top 10 % of experts), temporal locality (sMAPE, step-to-step expert
 reuse) and MoE-SpAc's hot/cold prediction accuracy, next to the paper's numbers. All measured on the proxy.
 """
