@@ -136,3 +136,16 @@ def skipped_record(system: str, config: dict, reason: str, **extra) -> dict:
     from moespac.record import make_record
 
     return make_record("wrapped", "wrapped", config, {}, system=system, skipped=True, skip_reason=reason, **extra)
+
+
+def write_and_report(label: str, record: dict, out) -> int:
+    """Write a wrapped record atomically and print its one-line summary (or its skip reason)."""
+    from moespac.record import write_record
+
+    write_record(out, record)
+    if record["skipped"]:
+        print(f"{label}: skipped: {record['skip_reason']}")
+    else:
+        print(f"{label}: {record['metrics']['decode_tokens_per_s']:.2f} tok/s decode (wrapped)")
+    print(f"record: {out}")
+    return 0

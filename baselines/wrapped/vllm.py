@@ -106,13 +106,6 @@ def run_benchmark(args) -> dict:
 
 
 def main(args) -> int:
-    from moespac.record import write_record
+    from baselines.wrapped._common import write_and_report
 
-    record = run_benchmark(args)
-    write_record(args.out, record)
-    if record["skipped"]:
-        print(f"vllm: skipped: {record['skip_reason']}")
-    else:
-        print(f"vllm: {record['metrics']['decode_tokens_per_s']:.2f} tok/s decode (wrapped)")
-    print(f"record: {args.out}")
-    return 0
+    return write_and_report("vllm", run_benchmark(args), args.out)
