@@ -6,7 +6,7 @@ from moespac.errors import MoespacError
 
 
 def register(sub) -> None:
-    from moespac.models.proxy import CONFIGS
+    from moespac.models.proxy_config import CONFIGS
 
     p = sub.add_parser("build-proxy", help="train a small Qwen3-MoE target and a distilled dense draft on an offline corpus")
     p.add_argument("--out", required=True, help="output folder (target/, draft/, MODEL_CARD.md are written inside)")

@@ -28,7 +28,7 @@ def run(args) -> int:
 
     from moespac.bench.datasets import BENCHMARKS
     from moespac.models import proxy_stats
-    from moespac.models.proxy import auto_threads
+    from moespac.models.proxy_config import auto_threads
     from moespac.record import make_record, write_record
 
     names = list(BENCHMARKS) if args.benchmarks.strip().lower() == "all" else \
