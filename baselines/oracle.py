@@ -56,8 +56,10 @@ class Oracle(Policy):
                                          np.full((1, L, E), S)], axis=0)
         self.requested = np.zeros((L, E), dtype=bool)
         self.s, self.layer = 0, -1
+        self._keys_at = None
         # the initial placement is free (made before the request): the soonest-needed experts
-        return placement | self._soonest(self._keys())
+        # (worth ignored: a placement costs nothing, and each layer's plan still picks device or host)
+        return placement | self._soonest(self._compute_keys(worth=False))
 
     # -- the future --------------------------------------------------------------------------------
     def _next_use(self) -> np.ndarray:
@@ -69,12 +71,20 @@ class Oracle(Policy):
 
     def _keys(self) -> np.ndarray:
         """int [L, E] sort keys: next use, then expert id (unique, so ties break the same way every time);
-        experts never used again, or not worth a device slot, get keys >= self.never."""
+        experts never used again, or not worth a device slot, get keys >= self.never. They change only when
+        the position (step, layer) moves, so they are computed once per position (victim asks many times)."""
+        if self._keys_at != (self.s, self.layer):
+            self._keys_cache, self._keys_at = self._compute_keys(), (self.s, self.layer)
+        return self._keys_cache
+
+    def _compute_keys(self, worth: bool = True) -> np.ndarray:
         nxt = self._next_use()
         L, E = nxt.shape
         keys = nxt * E + np.arange(E)[None, :]
         self.never = len(self.next_step) * L * E  # above any real use's key
-        useless = (nxt >= (len(self.next_step) - 1) * L) | ~self._worth(nxt)
+        useless = nxt >= (len(self.next_step) - 1) * L
+        if worth:
+            useless |= ~self._worth(nxt)
         return np.where(useless, keys + self.never, keys)
 
     def victim(self, candidates, cache):
