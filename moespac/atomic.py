@@ -24,10 +24,15 @@ def atomic_path(path: str | os.PathLike):
             os.unlink(tmp)
 
 
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     """Write `obj` as indented JSON atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
 
 
 def _jsonable(x):

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from moespac.analysis import paper
-from moespac.atomic import atomic_path
+from moespac.atomic import write_text
 
 OURS = "MoE-SpAc"
 SD_BASELINE = "llama.cpp-w/ SD"
@@ -184,5 +184,4 @@ def render(table1_csv=None) -> str:
 
 
 def write_audit(path, table1_csv=None) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(render(table1_csv))
+    write_text(path, render(table1_csv))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moespac.atomic import atomic_path
+from moespac.atomic import write_text
 
 TIMING_MARK = {"measured": "M", "simulated": "S", "wrapped": "W", "paper": "P"}
 LEGEND = ("Timing label of every cell: **M** measured on this machine (real engine, wall clock), **S** simulated "
@@ -82,6 +82,5 @@ def write_table(prefix, title: str, long: pd.DataFrame, blocks: list[Block], int
     paths = [prefix.with_suffix(".csv"), prefix.with_suffix(".md"), prefix.with_suffix(".tex")]
     texts = [long.to_csv(index=False), markdown(title, blocks, list(intro)), latex(title, blocks)]
     for path, text in zip(paths, texts):
-        with atomic_path(path) as tmp:
-            tmp.write_text(text)
+        write_text(path, text)
     return paths

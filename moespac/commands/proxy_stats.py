@@ -17,6 +17,7 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, or 1 on a busy machine)")
     p.add_argument("--json", default=None, help="write a result record (timing: measured) here")
     p.add_argument("--trace-dir", default=None, help="write one activation trace per benchmark (NAME.npz) here")
+    p.add_argument("--markdown", default=None, help="also write the printed table to this Markdown file")
     p.set_defaults(func=run)
 
 
@@ -42,7 +43,12 @@ def run(args) -> int:
     with tqdm(total=len(names) * args.prompts, desc="proxy-stats", unit="prompt", leave=False) as bar:
         rows = proxy_stats.run(args.pair, names, args.prompts, args.max_new_tokens, args.gamma, args.seed,
                                args.temperature, args.trace_dir, progress=bar.update)
-    print(proxy_stats.render(rows, args.pair, args.gamma, args.prompts, args.max_new_tokens, args.temperature))
+    text = proxy_stats.render(rows, args.pair, args.gamma, args.prompts, args.max_new_tokens, args.temperature)
+    print(text)
+    if args.markdown:
+        from moespac.atomic import write_text
+
+        write_text(args.markdown, f"# Proxy pair statistics next to the paper's\n\n```\n{text}\n```\n")
     if args.json:
         config = dict(pair=args.pair, benchmarks=names, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                       gamma=args.gamma, seed=args.seed, temperature=args.temperature, threads=threads)

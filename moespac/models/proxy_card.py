@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from moespac.atomic import atomic_path, write_json
+from moespac.atomic import write_json, write_text
 from moespac.environment import environment
 
 DISCLAIMER = ("A locally trained proxy, not Qwen3-30B-A3B (nor any released model): numbers measured on it "
@@ -21,8 +21,7 @@ def write_card(out: Path, card: dict) -> None:
                 holdout_rule=HOLDOUT_RULE, timing="measured", created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 machine=dict(environment(), cpu_count=os.cpu_count()))
     write_json(out / "model_card.json", card)
-    with atomic_path(out / "MODEL_CARD.md") as tmp:
-        tmp.write_text(render(card))
+    write_text(out / "MODEL_CARD.md", render(card))
 
 
 def render(c: dict) -> str:
