@@ -19,8 +19,10 @@ via Cross-Layer Gate", arXiv 2502.12224 (v2); MoE-SpAc Table 1 row "Fate".
   "x in B2 and |T1| = p".
 - Precision: Fate copies INT4/INT2 expert versions (low-popularity ones as INT2, mainly in prefill), so
   it is lossy. Default here is the lossless variant (full-precision copies). `lossy_transfer=True` marks
-  the policy lossy and sets `transfer_scale` = 0.25 (INT4 bytes / BF16 bytes) for the driver's bytes and
-  copy-time accounting; this engine still copies and computes full precision, so outputs stay exact.
+  the policy lossy and sets `transfer_scale` = 0.25 (INT4 bytes / BF16 bytes): the simulator charges
+  each copy 0.25 of an expert's bytes and copy time; the engine copies experts as per-row symmetric INT4
+  and dequantises them in the slot (moespac/engine/store.py), so device experts are lossy; host experts
+  stay full precision. Not modelled: INT2 versions of unpopular experts.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class Fate(Policy):
         self.shallow_bias = shallow_bias
         """Slots of layer 0 relative to the last layer (inferred; the paper gives no formula)."""
         self.lossy_transfer = bool(lossy_transfer)
-        """Copy INT4 versions of experts (Fate's lossy I/O); only the bytes accounting changes here."""
+        """Copy INT4 versions of experts (Fate's lossy I/O): the engine round-trips them through INT4."""
         self.lossless = not self.lossy_transfer
         self.transfer_scale = 0.25 if self.lossy_transfer else 1.0
         """Bytes per copy relative to a full-precision expert."""

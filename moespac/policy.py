@@ -150,6 +150,9 @@ class Policy:
     """Signals (keys of SIGNALS) the policy cannot run without."""
     source: ClassVar[str] = ""
     """Paper, repository and commit the behaviour follows."""
+    transfer_scale: float = 1.0
+    """Bytes of one expert copy relative to a full-precision one; < 1 = compressed, lossy copies (Fate's
+    INT4: 0.25). The simulator scales copy bytes and time by it; the engine copies INT4 (moespac/engine/store.py)."""
 
     def reset(self, ctx: PolicyContext) -> np.ndarray:
         """Start a request; return the initial residency (bool [L, E], at most ctx.capacity True)."""

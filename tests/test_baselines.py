@@ -243,6 +243,8 @@ def test_lossy_flags():
     lossy = make_policy("fate:lossy_transfer=true")
     assert not lossy.lossless and lossy.transfer_scale == 0.25
     assert not make_policy("specexp:lossy_execution=true").lossless and SpecExp().lossless
+    # only Fate's lossy variant compresses its copies; every policy class copies full precision by default
+    assert [n for n, cls in policies().items() if cls.transfer_scale != 1.0] == []
 
 
 @pytest.mark.parametrize("lossy", [False, True])

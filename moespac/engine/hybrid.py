@@ -93,9 +93,9 @@ class HybridRuntime:
         one = (m0.gate_up_proj[0].numel() + m0.down_proj[0].numel()) * m0.gate_up_proj.element_size()
         capacity = int(config.cache_gib * 2**30 // one) if config.cache_gib is not None else round(config.cache_ratio * L * E)
         capacity = min(capacity, L * E)
-        self.store = ExpertStore(self.experts, capacity, self.device)
+        self.store = ExpertStore(self.experts, capacity, self.device, policy.transfer_scale)  # < 1: INT4 copies
         self.cache = ExpertCache(self.topology, capacity, capacity // L if config.per_layer else None,
-                                 expert_bytes=self.store.expert_bytes)
+                                 expert_bytes=self.store.copy_bytes)
         self.costs = costs or UnitCosts()
         self.queue = PrefetchQueue()
         self.cv = threading.Condition(threading.RLock())
@@ -124,7 +124,7 @@ class HybridRuntime:
             self.queue.clear()
             self._wait_idle()
             self.cache = ExpertCache(self.topology, self.cache.capacity, self.cache.per_layer_capacity,
-                                     expert_bytes=self.store.expert_bytes)
+                                     expert_bytes=self.store.copy_bytes)
             sig = set(signals) | {"cross_layer_topk"} if self.config.trace_cross_layer else set(signals)
             if warmup_counts is not None:
                 sig.add("warmup_counts")
@@ -230,7 +230,7 @@ class HybridRuntime:
             counters.hits += int((hit & on_device).sum())
             counters.loads += len(loaded)
             counters.host += int((active & ~on_device).sum())
-            counters.bytes_copied += len(loaded) * self.store.expert_bytes
+            counters.bytes_copied += len(loaded) * self.store.copy_bytes
             slots = cache.slot_of[layer].copy()
         if loaded and self.store.cuda:
             torch.cuda.current_stream(self.device).wait_stream(self.store.copy_stream)

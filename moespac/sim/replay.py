@@ -8,6 +8,10 @@ Per step (prefill, verify or AR forward), as moespac/engine drives it:
   -> the rest of the forward (dense layers, LM head) -> end_step.
 The same Policy objects, ExpertCache and PrefetchQueue as the engine are used; only time is simulated.
 
+Copies move `policy.transfer_scale` times an expert's bytes and take that share of a copy's time (Fate's
+INT4 copies: 0.25; the link latency is scaled with the rest, as the profile's copy time is one figure).
+`warmup_counts` (see `warmup_window`) is handed to every request's PolicyContext as that signal.
+
 Requests (steps['step_request']) start cold by default: policy.reset and a new cache per request, as the
 engine's start_request does, so each request's numbers do not depend on which request ran before.
 `warm_cache=True` keeps cache, policy state and link across requests (a serving process).
@@ -94,8 +98,10 @@ class Replay:
     """Replays one workload through one policy; `run()` returns a ReplayResult."""
 
     def __init__(self, workload: Workload, timing: Timing, policy: Policy, capacity: int,
-                 per_layer_capacity: int | None = None, costs: UnitCosts | None = None, warm_cache: bool = False):
+                 per_layer_capacity: int | None = None, costs: UnitCosts | None = None, warm_cache: bool = False,
+                 warmup_counts: np.ndarray | None = None):
         self.w, self.timing, self.policy = workload, timing, policy
+        self.warmup_counts = warmup_counts
         self.capacity, self.per_layer_capacity = capacity, per_layer_capacity
         self.costs = costs or UnitCosts()
         self.warm_cache = warm_cache
@@ -105,6 +111,11 @@ class Replay:
                                "it needs cold requests (no warm_cache)")
         if not 0 <= capacity <= topo.num_layers * topo.num_experts:
             raise MoespacError(f"cache capacity {capacity} outside [0, {topo.num_layers * topo.num_experts}] expert slots")
+        scale = float(getattr(policy, "transfer_scale", 1.0))
+        if not 0.0 < scale <= 1.0:
+            raise MoespacError(f"policy {policy.name!r}: transfer_scale {scale} outside (0, 1]")
+        self.copy_bytes = round(timing.expert_bytes * scale)
+        self.copy_s = timing.load * scale
         self.now = 0.0
         S = workload.num_steps
         self.step_time = {k: np.zeros(S) for k in BREAKDOWN}
@@ -112,18 +123,19 @@ class Replay:
     # -- request lifecycle -------------------------------------------------------------------------
     def _start_request(self, steps: np.ndarray) -> None:
         w, trace = self.w, self.w.trace
-        self.cache = ExpertCache(w.topology, self.capacity, self.per_layer_capacity, expert_bytes=self.timing.expert_bytes)
+        self.cache = ExpertCache(w.topology, self.capacity, self.per_layer_capacity, expert_bytes=self.copy_bytes)
         self.queue = PrefetchQueue()
-        self.link = CopyLink(self.cache, self.queue, self.policy, self.timing.load, self.timing.expert_bytes)
+        self.link = CopyLink(self.cache, self.queue, self.policy, self.copy_s, self.copy_bytes)
         self.link.t = self.now
         if "future" in self.policy.requires:
             t = self.timing
             self.policy.bind_trace(w.counts[steps], device_by_count=t.device_by_count, host_by_count=t.host_by_count,
                                    hidden=t.hidden[steps], load=t.load, serial=t.serial)
         gamma = int(w.steps["step_gamma"][steps].max()) if len(steps) else 0
-        signals = trace.signals() | SIM_SIGNALS
+        signals = trace.signals() | SIM_SIGNALS | ({"warmup_counts"} if self.warmup_counts is not None else set())
         ctx = PolicyContext(w.topology, self.capacity, self.per_layer_capacity, gamma=gamma,
-                            batch_size=int(trace.meta.get("batch_size", 1) or 1), costs=self.costs, signals=signals)
+                            batch_size=int(trace.meta.get("batch_size", 1) or 1), costs=self.costs, signals=signals,
+                            warmup_counts=self.warmup_counts)
         self.cache.place(self.policy.reset(ctx))  # initial placement happens before the request (untimed)
 
     def run(self) -> ReplayResult:
@@ -224,6 +236,19 @@ class Replay:
         return dict(request=int(w.steps["step_request"][steps[0]]), steps=len(steps), prefill_s=prefill,
                     decode_s=decode, latency_s=prefill + decode, tokens=tokens,
                     tokens_per_s=tokens / decode if decode > 0 else 0.0, counters=counters)
+
+
+def warmup_window(counts: np.ndarray, step_request: np.ndarray, steps: int | None = None) -> tuple[np.ndarray, dict]:
+    """The 'warmup_counts' signal, as Fiddler profiles popularity before serving: activation counts [L, E]
+    summed over the first `steps` steps (None = all) of the first request of per-step `counts` [S, L, E].
+    Returns (counts, the window for the record). The simulator takes a trace's first steps; the bench
+    harness records its warm-up calls (all one request, -1) and takes all of them."""
+    S = len(step_request)
+    first = np.flatnonzero(step_request != step_request[0]) if S else np.zeros(0, np.int64)
+    n = int(first[0]) if len(first) else S
+    n = n if steps is None else min(int(steps), n)
+    total = counts[:n].sum(axis=0, dtype=np.int64) if n else np.zeros(np.shape(counts)[1:], np.int64)
+    return total, dict(request=int(step_request[0]) if S else None, steps=n, entries=int(total.sum()))
 
 
 def replay(workload: Workload, timing: Timing, policy: Policy, capacity: int, **kw) -> ReplayResult:

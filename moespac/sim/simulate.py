@@ -13,7 +13,7 @@ from moespac.registry import make_policy, parse_policy
 from moespac.sim.bounds import infinite_cache
 from moespac.sim.cost import CostModel
 from moespac.sim.profile import load_profile
-from moespac.sim.replay import replay
+from moespac.sim.replay import replay, warmup_window
 from moespac.sim.workload import make_workload
 from moespac.trace import Trace, load_trace
 
@@ -48,12 +48,17 @@ class SimConfig:
     """Keep cache and policy state across requests (default: every request starts cold, like the engine)."""
     bounds: bool = True
     """Also compute the infinite-cache bound and the oracle, and the policy's distance to them."""
+    warmup_steps: int = 16
+    """Profiling window of the 'warmup_counts' signal (Fiddler, kTransformers' frequency placement): the
+    activation counts of the first this-many steps of the trace's first request; 0 = no such signal."""
 
     def __post_init__(self):
         if self.cache_ratio is not None and not 0.0 <= self.cache_ratio <= 1.0:
             raise MoespacError(f"cache_ratio {self.cache_ratio} outside [0, 1]")
         if self.cache_gib is not None and self.cache_gib < 0:
             raise MoespacError(f"cache_gib {self.cache_gib} must be >= 0")
+        if self.warmup_steps < 0:
+            raise MoespacError(f"warmup_steps {self.warmup_steps} must be >= 0")
 
 
 def spec_named(name: str) -> ModelSpec:
@@ -102,12 +107,12 @@ def policy_costs(workload, cost: CostModel) -> UnitCosts:
 
 
 def run_policy(workload, timing, costs: UnitCosts, policy_spec: str, capacity: int, per_layer: bool = False,
-               warm_cache: bool = False):
+               warm_cache: bool = False, warmup_counts=None):
     """Replay one policy; returns (policy, ReplayResult)."""
     policy = make_policy(policy_spec)
     per_layer_capacity = capacity // workload.topology.num_layers if per_layer else None
     result = replay(workload, timing, policy, capacity, per_layer_capacity=per_layer_capacity, costs=costs,
-                    warm_cache=warm_cache)
+                    warm_cache=warm_cache, warmup_counts=warmup_counts)
     return policy, result
 
 
@@ -130,7 +135,11 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
         capacity = min(fit, total)
     name, options = parse_policy(cfg.policy)
     unit = policy_costs(workload, cost)
-    policy, result = run_policy(workload, timing, unit, cfg.policy, capacity, cfg.per_layer, cfg.warm_cache)
+    warm, window = None, None
+    if cfg.warmup_steps:
+        warm, window = warmup_window(workload.counts, workload.steps["step_request"], cfg.warmup_steps)
+        window = dict(window, source="first steps of the trace's first request (also replayed)")
+    policy, result = run_policy(workload, timing, unit, cfg.policy, capacity, cfg.per_layer, cfg.warm_cache, warm)
     metrics = result.summary()
     extra = {}
     if cfg.bounds:
@@ -148,7 +157,8 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
     config = dict(trace_id=trace.trace_id(), policy=name, policy_options=options, hardware=profile.name,
                   hardware_sha256=profile.sha256, model_spec=spec.name, draft_spec=draft.name if draft else None,
                   cache_slots=capacity, per_layer=cfg.per_layer, expert_dtype=cost.expert_dtype,
-                  allow_topology_mismatch=cfg.allow_topology_mismatch, warm_cache=cfg.warm_cache)
+                  allow_topology_mismatch=cfg.allow_topology_mismatch, warm_cache=cfg.warm_cache,
+                  warmup_steps=cfg.warmup_steps)
     return make_record(
         "simulate", "simulated", config, metrics,
         profile={"name": profile.name, "sha256": profile.sha256, "path": profile.path,
@@ -162,4 +172,4 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
         cache={"slots": capacity, "ratio": capacity / total if total else 0.0, "fit_slots": fit,
                "bytes": capacity * cost.expert_bytes, "fits_device_memory": capacity <= fit,
                "expert_bytes": cost.expert_bytes},
-        unit_costs=unit.__dict__, requests=result.requests, **extra)
+        unit_costs=unit.__dict__, warmup_window=window, requests=result.requests, **extra)
