@@ -141,3 +141,20 @@ def test_sweep_figures_from_records(tmp_path):
     for name in ("fig5_sensitivity", "fig6_batch", "fig7_draft_vs_cache"):
         png, pdf = FIGURES[name](groups, tmp_path / name)
         assert png.read_bytes()[:4] == b"\x89PNG" and pdf.read_bytes()[:4] == b"%PDF"
+
+
+def test_table1_shows_skipped_wrapped_systems_as_skipped_with_the_reason_and_names_the_charged_draft():
+    df = rows(("wrapped", "accelerate", "gsm8k", 5.0, 2.0), ("wrapped", "accelerate", "qa", 7.0, 2.0),
+              ("wrapped", "vllm", "gsm8k", None, None), ("wrapped", "vllm", "qa", None, None),
+              ("simulated", "moespac", "gsm8k", 30.0, 1.0), ("simulated", "hybrimoe", "gsm8k", 20.0, 2.0))
+    vllm = df["label"] == "vLLM"
+    df.loc[vllm, "skipped"], df.loc[vllm, "skip_reason"] = True, "needs CUDA"
+    df.loc[df["method"] == "moespac", "draft_charged"] = "qwen3-4b-fp8 (given)"
+    _, blocks = tables.table1(df, ["gsm8k", "qa"])
+    sim, wrapped = blocks[0], blocks[2]
+    assert "simulated draft cost charged to speculative rows: qwen3-4b-fp8 (given)" in sim.notes
+    by = {r[0]: r for r in wrapped.rows}
+    assert by["vLLM"][1:] == ["skipped", "skipped", "skipped"]
+    assert by["Accelerate"][1:] == ["5.00 W (paper 1.21)", "7.00 W (paper 1.16)", "6.00 W (paper 1.17)"]
+    assert "vLLM: skipped, not run here on gsm8k, qa (needs CUDA)" in wrapped.notes
+    assert not any("draft cost" in n for n in wrapped.notes)

@@ -36,8 +36,14 @@ def test_perfect_draft_accepts_everything(pair):
     _, target, _, tok = pair
     p = _prompts(tok)[0]
     res = generate(target, p, draft=target, gamma=4, max_new_tokens=21, ignore_eos=True)
-    assert res.acceptance_rate == 1.0
+    assert res.acceptance_rate == 1.0 and res.rejected == 0
     assert res.steps == 4 and len(res.tokens) == 21  # 1 from prefill + 4 steps x (4 accepted + 1 bonus)
+
+
+def test_rejections_are_the_steps_that_stop_early(pair):
+    _, target, draft, tok = pair
+    res = generate(target, _prompts(tok)[0], draft=draft, gamma=4, max_new_tokens=40, ignore_eos=True)
+    assert res.rejected == sum(m < 4 for m in res.accepted_per_step) > 0  # a random draft is mostly rejected
 
 
 def test_split_does_not_change_logits(pair):

@@ -49,7 +49,11 @@ def test_measured_record_validates_and_accounts_for_every_request(measured):
         assert r["tokens_per_s"] == (r["new_tokens"] - 1) / r["decode_s"]
     assert m["new_tokens"] == sum(r["new_tokens"] for r in reqs)
     assert m["acceptance_rate"] == m["accepted"] / m["drafted"]
-    a = m["acceptance_rate"]
+    # the paper's alpha: a step accepts drafts until its first rejection, so alpha = accepted / (accepted + rejected)
+    rejected = sum(r["rejected"] for r in reqs)
+    assert all(r["accepted"] + 2 * r["rejected"] <= 2 * r["steps"] for r in reqs)  # a rejecting step accepts < 2
+    a = m["alpha"]
+    assert a == m["accepted"] / (m["accepted"] + rejected)
     assert m["omega_from_alpha"] == pytest.approx((1 - a ** 3) / (1 - a) if a < 1 else 3.0)
     assert m["link_bytes"] == sum(c["counters"]["bytes_copied"] for c in calls)
     cnt = m["counters"]
@@ -98,7 +102,7 @@ def test_batch_of_two_with_second_turns_simulated(micro_dir, tmp_path):
     facts = {(r["new_tokens"], r["steps"], r["drafted"], r["accepted"], r["omega"]) for r in rec["requests"]}
     assert facts == {(4, 1, 2, 2, 3.0)}
     m = rec["metrics"]
-    assert (m["acceptance_rate"], m["omega"], m["omega_from_alpha"]) == (1.0, 3.0, 3.0)
+    assert (m["acceptance_rate"], m["alpha"], m["omega"], m["omega_from_alpha"]) == (1.0, 1.0, 3.0, 3.0)
 
 
 def test_omega_from_alpha_and_summary_stats():

@@ -43,6 +43,7 @@ def test_dry_run_of_the_shipped_configs(configfile, tmp_path):
     counts = job_counts(r.stdout)
     assert counts["simulate_cell"] > 100 and counts["record_trace"] >= 14 and counts["paper_figure"] == 8
     assert counts["paper_table"] == 5 and counts["log_mlflow"] == 1 and counts["bench_measured"] >= 14
+    assert counts["bench_wrapped"] == 21  # Accelerate, vLLM and the authors' release on the seven benchmarks
     if configfile:  # the paper's models come from the hub; nothing is trained here
         assert counts["link_hub_pair"] == 2 and "build_proxy_pair" not in counts
     else:
@@ -70,7 +71,13 @@ def bad_config(tmp_path, edit) -> Path:
     (lambda c: c["simulation"].update(hardware="rtx5090"), ["simulation.hardware", "rtx5090"]),
     (lambda c: c["smoke"].update(policy="moespac:nope=1"), ["smoke.policy", "nope"]),
     (lambda c: c["engine"].update(pair="nopair"), ["engine.pair", "nopair"]),
-], ids=["unknown-key", "wrong-type", "benchmark", "method", "hardware", "policy-option", "pair"])
+    (lambda c: c["wrapped"]["vllm"].update(offload_gb=60), ["offload_gb", "vllm"]),
+    (lambda c: c["wrapped"]["accelerate"].update(max_gpu_gib="half"), ["max_gpu_gib", "accelerate"]),
+    (lambda c: c["wrapped"]["moespac_release"].update(pair="nopair"), ["wrapped.moespac_release.pair", "nopair"]),
+    (lambda c: c["simulation"].update(draft_spec="qwen9"), ["simulation.draft_spec", "qwen9"]),
+    (lambda c: c["table3"]["models"][0].update(draft="qwen3-4b"), ["draft", "models"]),
+], ids=["unknown-key", "wrong-type", "benchmark", "method", "hardware", "policy-option", "pair", "wrapped-key",
+        "wrapped-type", "wrapped-pair", "draft-spec", "table3-key"])
 def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, edit, needles):
     r = snakemake("--cores", 1, "--configfile", bad_config(tmp_path, edit), cwd=tmp_path)
     assert r.returncode != 0
@@ -96,12 +103,20 @@ def test_tiny_study_end_to_end(tmp_path):
     # every Table 1 cell carries its timing label and the model that produced it; nothing simulated says measured
     t1 = pd.read_csv(figs / "table1.csv")
     cells = t1[t1["benchmark"] != "average"]
-    assert set(cells["timing"]) == {"simulated", "measured"} and cells["model"].notna().all()
+    assert set(cells["timing"]) == {"simulated", "measured", "wrapped"} and cells["model"].notna().all()
     sim = cells[cells["timing"] == "simulated"]
     assert set(sim["hardware"]) == {"rtx4090-pcie4"} and sim["model"].str.startswith("qwen3-30b-a3b experts").all()
     assert set(sim["label"]) == {"llama.cpp", "HybriMoE", "MoE-SpAc"}
     md = (figs / "table1.md").read_text()
     assert "simulated on rtx4090-pcie4" in md and " S (paper 27.82)" in md and " M (paper 27.82)" in md
+    assert "- simulated draft cost charged to speculative rows: qwen3-4b-fp8 (given)" in md
+    # wrapped: Accelerate ran on this CPU; vLLM and the release cannot (no CUDA) and say why, with no number
+    wrapped = cells[cells["timing"] == "wrapped"].set_index("label")
+    assert wrapped.loc["Accelerate", "tps"] > 0 and not wrapped.loc["Accelerate", "skipped"]
+    for label in ("vLLM", "MoE-SpAc (authors' release)"):
+        assert wrapped.loc[label, "skipped"] and pd.isna(wrapped.loc[label, "tps"])
+        assert "CUDA" in wrapped.loc[label, "skip_reason"] and f"| {label} | skipped | skipped |" in md
+        assert f"- {label}: skipped, not run here on gsm8k (" in md
 
     # MLflow: one run per result record, filed by study
     ingest = json.loads((tmp_path / "results/mlflow/ingest.json").read_text())
@@ -123,3 +138,12 @@ def test_tiny_study_end_to_end(tmp_path):
     dry = snakemake("-n", "--quiet", "rules", "--cores", 2, "--configfile", changed, cwd=tmp_path)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert job_counts(dry.stdout) == {"simulate_cell": 1, "paper_figure": 1, "log_mlflow": 1, "all": 1}
+
+    # another draft spec reruns the speculative simulated cells (the draft is in their path), nothing else runs
+    redraft = bad_config(tmp_path, lambda c: c["simulation"].update(draft_spec="qwen3-1.7b"))
+    dry = snakemake("-n", "--quiet", "rules", "--cores", 2, "--configfile", redraft, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    counts = job_counts(dry.stdout)
+    # moespac (Tables 1, 2, 4), moespac-no-adabc, moespac at batch 2 and at cache ratio 0.5; the AR rows keep theirs
+    assert counts["simulate_cell"] == 4 and counts["paper_table"] == 4
+    assert not {"record_trace", "bench_measured", "bench_wrapped"} & set(counts)

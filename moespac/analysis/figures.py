@@ -176,7 +176,7 @@ def fig8_expert_reuse(groups: dict, out):
             style.placeholder(ax, "no batch-1 MoE-SpAc records over draft lengths")
         return style.save(fig, out)
     by = rows.groupby("gamma").agg(a_over_b=("a_over_b", "mean"), per_token=("a_over_b_per_token", "mean"),
-                                   omega=("omega", "mean"), alpha=("acceptance_rate", "mean")).reset_index()
+                                   omega=("omega", "mean"), alpha=("alpha", "mean")).reset_index()
     ax = axes[0]
     ax.plot(by["gamma"], by["a_over_b"], "o-", label="a/b = distinct experts per verify step / top-k")
     ax.plot(by["gamma"], by["omega"], "s-", label="Omega measured (tokens per verify step)")

@@ -18,12 +18,14 @@ from moespac.study import METHODS
 
 # wrapped systems -> method slug (without draft, with draft)
 WRAPPED_METHODS = {"llama.cpp": ("llamacpp", "llamacpp-sd"), "accelerate": ("accelerate", "accelerate"),
-                   "vllm": ("vllm", "vllm"), "moe-spac-release": ("moespac", "moespac")}
+                   "vllm": ("vllm", "vllm"), "moe-spac-release": ("moespac-release", "moespac-release")}
+# rows of wrapped systems that are not a catalogue method (the authors' code: a reference, not our MoE-SpAc row)
+WRAPPED_LABELS = {"moespac-release": "MoE-SpAc (authors' release)"}
 
 COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "speculative", "gamma", "batch_size",
            "max_new_tokens", "cache_ratio", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
-           "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
-           "skipped", "skip_reason", "config_hash"]
+           "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
+           "skipped", "skip_reason", "draft_charged", "config_hash"]
 
 
 def _key(policy: str, draft: bool) -> tuple:
@@ -94,7 +96,9 @@ def bench_row(rec: dict) -> dict:
     if rec["timing"] == "simulated":
         sim = rec.get("simulation") or {}
         mapped = " (trace layers/experts mapped)" if sim.get("topology_mapping") else ""
-        draft = short((sim.get("draft") or {}).get("spec"))
+        charged = sim.get("draft") or {}
+        draft = short(charged.get("spec"))
+        draft_charged = f"{draft} ({charged.get('source') or '?'})" if draft else None
         hardware = c.get("hardware")
         model = f"{c.get('model_spec')} experts{mapped}"
         source = f"trace of {short(c.get('target_id') or c.get('target'))}" + (f"; draft cost of {draft}" if draft else "")
@@ -104,15 +108,17 @@ def bench_row(rec: dict) -> dict:
         hardware = gpu["name"] if gpu else f"CPU ({env.get('cpu') or '?'}, {env.get('cpu_threads')} threads)"
         model = short(c.get("target_id") or c.get("target"))
         source = f"draft {short(c.get('draft_id') or c.get('draft'))}" if speculative else "no draft"
+        draft_charged = None  # measured: the draft in `source` ran for real
     return dict(
         kind="bench", timing=rec["timing"], method=method, label=label_of(method), benchmark=c["benchmark"],
         policy=c["policy"], speculative=speculative, gamma=int(c.get("gamma") or 0), batch_size=c.get("batch_size"),
         max_new_tokens=c.get("max_new_tokens"), cache_ratio=c.get("cache_ratio"), hardware=hardware, model=model,
         source=source, tps=_num(_mean(m.get("tokens_per_s"))), latency_s=_num(_mean(m.get("latency_s"))),
-        acceptance_rate=_num(m.get("acceptance_rate")), omega=_num(m.get("omega")), hit_rate=_num(m.get("hit_rate")),
+        acceptance_rate=_num(m.get("acceptance_rate")), alpha=_num(m.get("alpha")), omega=_num(m.get("omega")),
+        hit_rate=_num(m.get("hit_rate")),
         host_share=_num(m.get("host_share")), a_over_b=_num(cost.get("a_over_b")),
         a_over_b_per_token=_num(cost.get("per_token")), hot_cold_accuracy=_num(m.get("hot_cold_accuracy")),
-        requests=m.get("requests"), skipped=False, skip_reason=None)
+        requests=m.get("requests"), skipped=False, skip_reason=None, draft_charged=draft_charged)
 
 
 def wrapped_row(rec: dict) -> dict:
@@ -124,15 +130,16 @@ def wrapped_row(rec: dict) -> dict:
     env = rec.get("environment") or {}
     gpu = env.get("gpu")
     return dict(
-        kind="wrapped", timing="wrapped", method=method, label=label_of(method), benchmark=c.get("benchmark"),
+        kind="wrapped", timing="wrapped", method=method, label=WRAPPED_LABELS.get(method) or label_of(method),
+        benchmark=c.get("benchmark"),
         policy=system, speculative=speculative, gamma=int((c.get("run") or {}).get("draft_max") or 0) if speculative else 0,
         batch_size=1, max_new_tokens=c.get("max_new_tokens"), cache_ratio=None,
         hardware=gpu["name"] if gpu else f"CPU ({env.get('cpu') or '?'})", model=c.get("model_pair"),
         source=f"{system} {c.get('version', '')}".strip(),
         tps=_num(m.get("decode_tokens_per_s_mean", m.get("decode_tokens_per_s"))), latency_s=_num(m.get("latency_s_mean")),
-        acceptance_rate=_num(m.get("acceptance_rate")), omega=None, hit_rate=None, host_share=None, a_over_b=None,
+        acceptance_rate=_num(m.get("acceptance_rate")), alpha=None, omega=None, hit_rate=None, host_share=None, a_over_b=None,
         a_over_b_per_token=None, hot_cold_accuracy=None, requests=m.get("requests"),
-        skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"))
+        skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"), draft_charged=None)
 
 
 def record_row(path) -> dict:

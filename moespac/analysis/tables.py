@@ -67,15 +67,18 @@ def table1(rows: pd.DataFrame, benchmarks: list[str] | None = None):
         part = rows[(rows["timing"] == key.timing) & (rows["hardware"] == key.hardware) & (rows["model"] == key.model)]
         labels = list(dict.fromkeys(part["label"]))
         cols = [b for b in benchmarks if b in set(part["benchmark"])]
+        skipped = set(zip(part["label"][_skipped(part)], part["benchmark"][_skipped(part)]))  # no number: a reason
         for metric, paper_col, unit in (("tps", "tps", "TPS"), ("latency_s", "latency_s", "latency (s)")):
             wide = _pivot(part, metric, "label", "benchmark").reindex(index=labels, columns=cols)
             complete = wide.notna().all(axis=1)
             avg = wide.mean(axis=1).where(complete)
             body = []
             for label in labels:
-                r = [label] + [cell(wide.loc[label, b], key.timing, paper.lookup(ref, paper_col, method=label, benchmark=b))
+                r = [label] + ["skipped" if (label, b) in skipped else
+                               cell(wide.loc[label, b], key.timing, paper.lookup(ref, paper_col, method=label, benchmark=b))
                                for b in cols]
-                r.append(cell(avg[label], key.timing, paper.lookup(ref, paper_col, method=label, benchmark="average")))
+                r.append("skipped" if all((label, b) in skipped for b in cols) else
+                         cell(avg[label], key.timing, paper.lookup(ref, paper_col, method=label, benchmark="average")))
                 body.append(r)
                 long.append(pd.DataFrame([dict(table="table1", timing=key.timing, hardware=key.hardware, model=key.model,
                                                label=label, benchmark="average", **{metric: avg[label]},
@@ -104,11 +107,19 @@ def _pct(x, timing, paper_x) -> str:
     return ours + ("" if paper_x is None else f" (paper {100 * paper_x:+.1f}%)")
 
 
+def _skipped(part: pd.DataFrame) -> pd.Series:
+    return part["skipped"].fillna(False).astype(bool)
+
+
 def _notes(part: pd.DataFrame) -> list[str]:
     notes = []
-    skipped = part[part["skipped"].fillna(False).astype(bool)]
-    for _, r in skipped.iterrows():
-        notes.append(f"{r['label']} on {r['benchmark']}: not run here ({r['skip_reason']})")
+    skipped = part[_skipped(part)]
+    for (label, reason), grp in skipped.groupby(["label", "skip_reason"], sort=False):
+        notes.append(f"{label}: skipped, not run here on {', '.join(dict.fromkeys(grp['benchmark']))} ({reason})")
+    charged = part.dropna(subset=["draft_charged"]).groupby("draft_charged", sort=False)["model"]
+    for draft, models in charged:
+        notes.append(f"simulated draft cost charged to speculative rows: {draft}"
+                     + (f" for {', '.join(dict.fromkeys(models))}" if charged.ngroups > 1 else ""))
     if len(part):
         n = part["requests"].dropna()
         if len(n):
@@ -167,8 +178,12 @@ def table3(rows: pd.DataFrame):
             imp = [relative_improvement(tps[b]) for b in cols]
             body.append([str(hw), spec, "Rel. Improv."] + [_pct(x, timing, None) for x in imp])
         sources = sorted({str(s) for s in part["source"].dropna()})
+        notes = [f"numbers from: {s}" for s in sources[:3]] + _notes(part)
+        if timing == "simulated":
+            notes.append("the paper drafted these models with unnamed \"quantized variants\"; the draft charged "
+                         "above stands in for them (workflows/config: table3.models[].draft_spec)")
         blocks.append(Block(f"TPS, {timing}", ["Hardware", "Model", "Method"] + [display(b) for b in cols], body,
-                            notes=[f"numbers from: {s}" for s in sources[:3]] + _notes(part)))
+                            notes=notes))
     return rows.assign(table="table3"), blocks
 
 
@@ -224,7 +239,8 @@ def appendix_a1(rows: pd.DataFrame):
     """alpha, Omega, a/b and TPS of MoE-SpAc per benchmark (the paper's Appendix A.1 table)."""
     ref = paper.appendix()
     rows = rows[(rows["method"] == "moespac") & rows["benchmark"].isin(APPENDIX_BENCHMARKS)].copy()
-    quantities = [("acceptance_rate", "acceptance_rate", "alpha (acceptance)"), ("omega", None, "Omega (tokens per verify step)"),
+    quantities = [("alpha", "acceptance_rate", "alpha: accepted / (accepted + rejected) drafts"),
+                  ("acceptance_rate", None, "accepted / drafted"), ("omega", None, "Omega (tokens per verify step)"),
                   ("a_over_b", None, "a/b: distinct experts per verify step / top-k"),
                   ("a_over_b_per_token", "expert_cost_ratio_a_over_b", "a/b per token: distinct / (tokens x top-k)"),
                   ("hit_rate", "gpu_cache_hit_rate", "expert-cache hit rate"), ("tps", "tps", "MoE-SpAc TPS")]

@@ -89,6 +89,9 @@ class BenchConfig:
     """Simulated only: built-in profile name or profile YAML path."""
     model_spec: str = "trace"
     """Simulated only: registry name whose expert sizes are simulated, or 'trace' (the traced model's)."""
+    draft_spec: str | None = None
+    """Simulated only: registry name (or model folder) of the draft whose cost is charged; None = the trace's
+    draft folder if it has one, else qwen3-4b-fp8 (moespac.sim.simulate.resolve_draft)."""
     allow_topology_mismatch: bool = False
     """Simulated only: map trace layers/experts onto model_spec by modulo when they differ."""
     from_trace: str | None = None
@@ -98,8 +101,9 @@ class BenchConfig:
         datasets.get_benchmark(self.benchmark)  # unknown name -> MoespacError naming it and the known ones
         checks = [
             (self.timing in ("measured", "simulated"), f"timing {self.timing!r}: 'measured' or 'simulated'"),
-            (self.timing == "simulated" or not (self.hardware or self.from_trace or self.model_spec != "trace"),
-             "hardware / from_trace / model_spec need timing 'simulated'"),
+            (self.timing == "simulated" or not (self.hardware or self.from_trace or self.model_spec != "trace"
+                                                 or self.draft_spec),
+             "hardware / from_trace / model_spec / draft_spec need timing 'simulated'"),
             (self.timing == "measured" or bool(self.hardware), "timing 'simulated' needs hardware (a profile)"),
             (bool(self.target) or bool(self.from_trace), "target is required (or from_trace, to replay a trace)"),
             (self.gamma >= 0, f"gamma {self.gamma} must be >= 0"),
@@ -196,7 +200,7 @@ def prepare(cfg: BenchConfig) -> Prepared:
         config.update(copy_mode=cfg.copy_mode, device=default_device(cfg.device), warmup=cfg.warmup)
     else:
         config.update(hardware=profile.name, hardware_sha256=profile.sha256, model_spec=cfg.model_spec,
-                      allow_topology_mismatch=cfg.allow_topology_mismatch,
+                      draft_spec=cfg.draft_spec, allow_topology_mismatch=cfg.allow_topology_mismatch,
                       trace_id=trace.trace_id() if trace is not None else trace_id(tcfg))
     return Prepared(config, tcfg, target, draft, trace, profile)
 
@@ -216,17 +220,19 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
     tcfg = prep.trace_config
     bench = datasets.get_benchmark(tcfg["benchmark"])
     trace_path = trace_out or cfg.from_trace
+    warmup = None  # the window of the 'warmup_counts' signal
     if prep.trace is not None:
         trace = prep.trace
     else:
         prompts = datasets.seeded_sample(datasets.load_benchmark(bench.name, source=cfg.source), cfg.limit, cfg.seed)
-        trace, calls, policy_stats = engine_run(cfg, prep, prompts, progress)
+        trace, calls, policy_stats, warmup = engine_run(cfg, prep, prompts, progress)
         if trace_out:
             trace.save(trace_out)
     if cfg.timing == "measured":
         extra = dict(profile=None)
     else:
         calls, policy_stats, extra = simulated_calls(cfg, trace, trace_path)
+        warmup = extra["simulation"]["warmup_window"]
     facts = trace.meta["bench"]
     metrics, samples = summarize(facts["rows"], calls, trace)
     name, options = parse_policy(cfg.policy)
@@ -240,7 +246,7 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
         trace=dict(id=trace.trace_id(), path=str(trace_path) if trace_path else None, model=prep.target,
                    model_spec=trace.meta["model_spec"].get("name"), steps=trace.num_steps,
                    engine_policy=trace.meta.get("policy")),
-        policy=dict(spec=cfg.policy, name=name, options=options, stats=policy_stats or {}),
+        policy=dict(spec=cfg.policy, name=name, options=options, stats=policy_stats or {}, warmup_window=warmup),
         counts=dict(prompts=facts["prompts"], requests=len(samples), skipped=len(facts["skipped"]),
                     warmup=cfg.warmup if cfg.timing == "measured" else 0),
         requests=samples, calls=calls, skipped=facts["skipped"], **extra)
@@ -249,15 +255,21 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
 # ---- the engine run ----------------------------------------------------------------------------------------
 
 def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool = True):
-    """Run the prompts through the engine; returns (trace, calls with measured timing, policy stats).
+    """Run the prompts through the engine; returns (trace, calls with measured timing, policy stats, the
+    window of the 'warmup_counts' signal or None).
 
     The trace's meta['bench'] keeps the per-request facts (tokens, drafts, acceptances) and skips.
+    The warm-up calls are recorded apart; their routing counts are the 'warmup_counts' signal of the measured
+    calls (Fiddler's popularity profile). With no warm-up calls, a policy that needs the signal gets the counts
+    of the first request's prefill, run once untimed before it.
     """
     from tqdm import tqdm
 
     from moespac.commands._common import load_models, make_runtime
     from moespac.engine import speculative
     from moespac.models.registry import spec_from_config
+    from moespac.sim.replay import warmup_window
+    from moespac.sim.workload import step_counts
     from moespac.trace import TraceRecorder
 
     measured = cfg.timing == "measured"
@@ -276,12 +288,14 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
                            f"(first: {skipped[0]['reason']})")
     runtime = make_runtime(ns, target, device)
     signals = {"draft"} if draft is not None else set()
+    topo = runtime.topology
+    warm = [np.zeros((topo.num_layers, topo.num_experts), np.int64)]  # 'warmup_counts': none seen during warm-up
 
-    def call(batch: list[list[int]], request: int):
-        runtime.start_request(gamma=gamma, batch_size=len(batch), signals=signals)
+    def call(batch: list[list[int]], request: int, max_new_tokens: int = cfg.max_new_tokens):
+        runtime.start_request(gamma=gamma, batch_size=len(batch), signals=signals, warmup_counts=warm[0])
         sampling = speculative.Sampling(temperature=cfg.temperature, seed=cfg.seed + max(request, 0))
         results = speculative.generate_batch(
-            target, batch, draft=draft, gamma=gamma, max_new_tokens=cfg.max_new_tokens, sampling=sampling,
+            target, batch, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
             runtime=runtime, eos_token_id=tok.eos_token_id, request=request, ignore_eos=cfg.ignore_eos,
             max_batch=cfg.batch_size)
         return results, runtime.stats()
@@ -299,15 +313,25 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
             for (p, _), r in zip(pending, results):
                 rows.append(dict(id=p.id if turn == 1 else f"{p.id}#{turn}", prompt_id=p.id, turn=turn,
                                  call=calls[-1]["call"], prompt_tokens=r.prompt_tokens, new_tokens=len(r.tokens),
-                                 steps=r.steps, drafted=r.drafted, accepted=r.accepted,
+                                 steps=r.steps, drafted=r.drafted, accepted=r.accepted, rejected=r.rejected,
                                  eos=bool(not cfg.ignore_eos and r.tokens[-1] == tok.eos_token_id)))
                 answers[p.id].append(tok.decode(r.tokens, skip_special_tokens=True))
             pending, turn = next_turn(pending, answers, turn, cfg, tok, context, gamma, skipped), turn + 1
 
     try:
+        spec = spec_from_config(target.config, name=tcfg["target_id"]).to_dict()
+        runtime.recorder = TraceRecorder(topo, spec, cross_layer=False)  # the warm-up's routing, for 'warmup_counts'
         for w in range(cfg.warmup if measured else 0):
             call([items[(w * cfg.batch_size + j) % len(items)][1] for j in range(min(cfg.batch_size, len(items)))], -1)
-        spec = spec_from_config(target.config, name=tcfg["target_id"]).to_dict()
+        source = f"{cfg.warmup} warm-up call(s)"
+        if measured and not cfg.warmup and "warmup_counts" in runtime.policy.requires:
+            call([ids for _, ids in items[:cfg.batch_size]], -1, max_new_tokens=1)  # prefill only
+            source = "the first request's prefill, run once untimed before it (warmup 0)"
+        seen = runtime.recorder.finish()
+        warm[0], warmup = None, None
+        if seen.num_steps:
+            warm[0], warmup = warmup_window(step_counts(seen), seen.steps["step_request"])
+            warmup = dict(warmup, source=source)
         runtime.recorder = TraceRecorder(runtime.topology, spec, meta=dict(
             target=prep.target, draft=prep.draft, gamma=gamma, batch_size=cfg.batch_size, policy=engine_policy))
         with tqdm(total=len(items), unit="prompt", desc=f"bench {tcfg['benchmark']}", leave=False,
@@ -320,7 +344,7 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
             config=tcfg, prompts=len(prompts), rows=rows, skipped=skipped, proxy=[p.proxy for p in prompts]))
     finally:
         runtime.close()
-    return trace, calls, policy_stats
+    return trace, calls, policy_stats, warmup
 
 
 def fit_prompts(prompts, tokenizer, context: int, max_new_tokens: int, gamma: int):
@@ -359,8 +383,9 @@ def simulated_calls(cfg: BenchConfig, trace, trace_path) -> tuple[list[dict], di
     from moespac.sim.simulate import SimConfig, simulate
 
     sim = simulate(SimConfig(trace=str(trace_path or ""), policy=cfg.policy, hardware=cfg.hardware,
-                             model_spec=cfg.model_spec, cache_ratio=cfg.cache_ratio, cache_gib=cfg.cache_gib,
-                             per_layer=cfg.per_layer, allow_topology_mismatch=cfg.allow_topology_mismatch), trace)
+                             model_spec=cfg.model_spec, draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio,
+                             cache_gib=cfg.cache_gib, per_layer=cfg.per_layer,
+                             allow_topology_mismatch=cfg.allow_topology_mismatch), trace)
     sizes = {}
     for row in trace.meta["bench"]["rows"]:
         sizes[row["call"]] = sizes.get(row["call"], 0) + 1
@@ -371,7 +396,7 @@ def simulated_calls(cfg: BenchConfig, trace, trace_path) -> tuple[list[dict], di
                       cache=sim["cache"], topology_mapping=sim["topology_mapping"], unit_costs=sim["unit_costs"],
                       breakdown_decode_s=m["breakdown_decode_s"], breakdown_prefill_s=m["breakdown_prefill_s"],
                       link_busy_s=m["link_busy_s"], link_utilisation=m["link_utilisation"],
-                      bounds=sim.get("bounds"), distance=sim.get("distance"))
+                      bounds=sim.get("bounds"), distance=sim.get("distance"), warmup_window=sim["warmup_window"])
     return calls, sim["policy"]["stats"], dict(profile=sim["profile"], simulation=simulation)
 
 
@@ -397,7 +422,9 @@ def summarize(rows: list[dict], calls: list[dict], trace) -> tuple[dict, list[di
     drafted, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
     steps = sum(r["steps"] for r in rows)
     new_tokens = sum(r["new_tokens"] for r in rows)
-    alpha = accepted / drafted if drafted else None
+    # rows of traces recorded before `rejected` was kept have no alpha
+    rejected = sum(r["rejected"] for r in rows) if all("rejected" in r for r in rows) else None
+    alpha = accepted / (accepted + rejected) if rejected is not None and accepted + rejected else None
     engine_s = sum(c["prefill_s"] + c["decode_s"] for c in calls)
     gamma = int(trace.meta["bench"]["config"]["gamma"])
     try:
@@ -413,7 +440,7 @@ def summarize(rows: list[dict], calls: list[dict], trace) -> tuple[dict, list[di
         throughput_tokens_per_s=new_tokens / engine_s if engine_s > 0 else None,
         latency_s=stats(s["latency_s"] for s in samples), prefill_s=stats(s["prefill_s"] for s in samples),
         decode_s=stats(s["decode_s"] for s in samples), tokens_per_request=stats(r["new_tokens"] for r in rows),
-        drafted=drafted, accepted=accepted, acceptance_rate=alpha,
+        drafted=drafted, accepted=accepted, acceptance_rate=accepted / drafted if drafted else None, alpha=alpha,
         omega=(new_tokens - len(rows)) / steps if steps else None, omega_from_alpha=omega_from_alpha(alpha, gamma),
         hit_rate=counters["hits"] / activations if activations else None,
         host_share=counters["host"] / activations if activations else None,

@@ -33,6 +33,9 @@ def register(sub) -> None:
     t.add_argument("--hardware", default=None, help="simulated: built-in profile name or profile YAML")
     t.add_argument("--model-spec", default="trace",
                    help="simulated: registry name whose expert sizes are simulated (e.g. qwen3-30b-a3b), or 'trace'")
+    t.add_argument("--draft-spec", default=None,
+                   help="simulated: registry name (or model folder) of the draft whose cost is charged, e.g. "
+                        "qwen3-4b-fp8 (default: the trace's draft folder, else qwen3-4b-fp8)")
     t.add_argument("--allow-topology-mismatch", action="store_true",
                    help="simulated: map the trace onto --model-spec by modulo when layers/experts differ")
     t.add_argument("--from-trace", default=None, metavar="TRACE",
@@ -72,7 +75,8 @@ def run(args) -> int:
         source=args.source, turns=args.turns, cache_ratio=args.cache_ratio, cache_gib=args.cache_gib,
         per_layer=args.per_layer_cache, copy_mode=args.copy_mode, dtype=args.dtype, device=args.device,
         trust_remote_code=args.trust_remote_code, timing=args.timing, hardware=args.hardware,
-        model_spec=args.model_spec, allow_topology_mismatch=args.allow_topology_mismatch, from_trace=args.from_trace)
+        model_spec=args.model_spec, draft_spec=args.draft_spec, allow_topology_mismatch=args.allow_topology_mismatch,
+        from_trace=args.from_trace)
     record = run_to_file(cfg, args.out, trace_out=args.trace, progress=not args.no_progress, skip_valid=args.skip_valid)
     print(summary_text(record))
     print(f"record: {args.out}")
@@ -88,8 +92,8 @@ def summary_text(record: dict) -> str:
         f"  tokens/s {fmt(m['tokens_per_s']['mean'], '.2f')} (decode, mean per request), "
         f"{fmt(m['throughput_tokens_per_s'], '.2f')} overall; latency {fmt(m['latency_s']['mean'])} s "
         f"(prefill {fmt(m['prefill_s']['mean'])} s), {fmt(m['tokens_per_request']['mean'], '.1f')} tokens per request",
-        f"  acceptance {fmt(m['acceptance_rate'])}, omega {fmt(m['omega'], '.2f')} "
-        f"(from alpha {fmt(m['omega_from_alpha'], '.2f')}); hit rate {fmt(m['hit_rate'])}, host share "
+        f"  alpha {fmt(m.get('alpha'))} (accepted/drafted {fmt(m['acceptance_rate'])}), omega {fmt(m['omega'], '.2f')} "
+        f"(Eq. 1 from alpha: {fmt(m['omega_from_alpha'], '.2f')}); hit rate {fmt(m['hit_rate'])}, host share "
         f"{fmt(m['host_share'])}, link {m['link_bytes'] / 2**20:.1f} MiB",
         f"  hot/cold accuracy {fmt(m['hot_cold_accuracy'])}, sMAPE {fmt(m['smape'])}, expert cost ratio a/b "
         f"{fmt((m['expert_cost_ratio'] or {}).get('a_over_b'))}",
@@ -97,5 +101,6 @@ def summary_text(record: dict) -> str:
     ]
     if record["profile"]:
         lines.append(f"  profile {record['profile']['name']} (sha256 {record['profile']['sha256'][:12]}), "
-                     f"model spec {record['simulation']['model_spec']}")
+                     f"model spec {record['simulation']['model_spec']}, draft charged "
+                     f"{record['simulation']['draft']['spec']} ({record['simulation']['draft']['source']})")
     return "\n".join(lines)

@@ -83,6 +83,9 @@ class GenerationResult:
     """Target forwards after prefill."""
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0
+    """Verify steps that rejected a draft (the rest accepted all): the paper's per-token alpha is
+    accepted / (accepted + rejected), the estimate that fits its Omega(gamma, alpha)."""
     accepted_per_step: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -100,7 +103,8 @@ class GenerationResult:
 
     def summary(self) -> dict:
         return dict(new_tokens=len(self.tokens), prompt_tokens=self.prompt_tokens, steps=self.steps,
-                    drafted=self.drafted, accepted=self.accepted, acceptance_rate=self.acceptance_rate,
+                    drafted=self.drafted, accepted=self.accepted, rejected=self.rejected,
+                    acceptance_rate=self.acceptance_rate,
                     prefill_s=self.prefill_s, decode_s=self.decode_s, draft_s=self.draft_s, target_s=self.target_s,
                     tokens_per_second=self.tokens_per_second, latency_s=self.prefill_s + self.decode_s)
 
@@ -317,6 +321,7 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
             r.steps += 1
             r.drafted += gamma
             r.accepted += m
+            r.rejected += int(m < len(drafts[row]))
             r.accepted_per_step.append(m)
             accepted += m
             emitted += len(new)

@@ -140,8 +140,7 @@ def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_toke
                 res = generate(target, ids, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens, runtime=runtime,
                                sampling=sampling, request=i, ignore_eos=True)
                 drafted, accepted, new = drafted + res.drafted, accepted + res.accepted, new + len(res.tokens)
-                steps += len(res.accepted_per_step)
-                rejected += sum(m < gamma for m in res.accepted_per_step)
+                steps, rejected = steps + len(res.accepted_per_step), rejected + res.rejected
                 if progress:
                     progress()
             trace = runtime.recorder.finish(trace_id=f"proxy-stats-{bench.name}")

@@ -30,21 +30,23 @@ rule record_trace:
 
 
 rule simulate_cell:
-    # A trace replayed through one policy on a hardware profile with a model's expert sizes (seconds).
+    # A trace replayed through one policy on a hardware profile with a model's expert sizes and the draft
+    # spec's cost (seconds). {draft} is 'none' for autoregressive methods: no draft is charged.
     input:
         trace=get_trace,
     output:
-        "results/simulated/{hardware}/{spec}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.json",
+        "results/simulated/{hardware}/{spec}/{draft}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.json",
     log:
-        "results/logs/simulate_cell/{hardware}/{spec}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.log",
+        "results/logs/simulate_cell/{hardware}/{spec}/{draft}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.log",
     conda:
         "../envs/moespac.yaml"
     threads: 1
     params:
         policy=get_policy,
+        draft=get_draft_spec_arg,
     shell:
         "moespac bench --timing simulated --from-trace {input.trace} --hardware {wildcards.hardware}"
-        " --model-spec {wildcards.spec} --allow-topology-mismatch --benchmark {wildcards.benchmark}"
+        " --model-spec {wildcards.spec} {params.draft} --allow-topology-mismatch --benchmark {wildcards.benchmark}"
         " --policy '{params.policy}' --cache-ratio {wildcards.cache} --no-progress --out {output} > {log} 2>&1"
 
 
@@ -100,3 +102,30 @@ rule bench_llamacpp:
     shell:
         "moespac wrapped llamacpp --model-pair {params.pair} --benchmark {wildcards.benchmark}"
         " --max-new-tokens {wildcards.tokens} {params.run} --threads {threads} --out {output} > {log} 2>&1"
+
+
+rule bench_wrapped:
+    # Accelerate (device_map="auto" offload), vLLM (--cpu-offload-gb) or the authors' MoE-SpAc release, run as
+    # shipped. vLLM and the release need CUDA: elsewhere they write a record saying why they were skipped.
+    input:
+        pair=get_pair_ready,
+    output:
+        "results/wrapped/{pair}/{benchmark}/{system}/n{tokens}.json",
+    log:
+        "results/logs/bench_wrapped/{pair}/{benchmark}/{system}/n{tokens}.log",
+    benchmark:
+        "results/benchmarks/bench_wrapped/{pair}/{benchmark}/{system}/n{tokens}.tsv"
+    wildcard_constraints:
+        system="accelerate|vllm|moespac-release",
+    conda:
+        "../envs/moespac.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        pair=get_pair_folder,
+        run=get_wrapped_args,
+    shell:
+        "OMP_NUM_THREADS={threads} moespac wrapped {wildcards.system} --model-pair {params.pair}"
+        " --benchmark {wildcards.benchmark} --max-new-tokens {wildcards.tokens} {params.run} --out {output}"
+        " > {log} 2>&1"

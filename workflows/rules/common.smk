@@ -18,6 +18,21 @@ BENCHMARKS = config["benchmarks"]
 PROMPTS = config["prompts"]
 ENGINE = config["engine"]
 LLAMACPP = config["wrapped"]["llamacpp"]
+# the other wrapped systems: `moespac wrapped` command name -> config section (one Table 1 row each)
+WRAPPED_SYSTEMS = {
+    "accelerate": "accelerate",
+    "vllm": "vllm",
+    "moespac-release": "moespac_release",
+}
+# keys of those sections that become command options (null = the command's own default)
+WRAPPED_OPTIONS = {
+    "max_gpu_gib": "--max-gpu-gib",
+    "max_cpu_gib": "--max-cpu-gib",
+    "dtype": "--dtype",
+    "cpu_offload_gb": "--cpu-offload-gb",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "gamma": "--draft-max",
+}
 SIM = config["simulation"]
 SWEEPS = config["sweeps"]
 FIGS = config["figures"]
@@ -111,6 +126,11 @@ def trace_file(pair, benchmark, gamma, batch, tokens):
     return f"results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.npz"
 
 
+def sim_draft(method, draft=None):
+    """The draft spec whose cost a simulated cell charges ('none' for an autoregressive method)."""
+    return (draft or SIM["draft_spec"]) if get_method(method).draft else "none"
+
+
 def sim_cell(
     method,
     benchmark,
@@ -121,11 +141,15 @@ def sim_cell(
     batch=None,
     tokens=None,
     cache=None,
+    draft=None,
 ):
-    """A simulated cell; anything not given takes the `simulation` section's value."""
+    """A simulated cell: hardware / target spec / draft spec / trace pair / ...; anything not given takes the
+    `simulation` section's value. The draft is in the path so that changing it reruns its cells.
+    """
     g = decode_gamma(method, SIM["gamma"] if gamma is None else gamma)
     return (
-        f"results/simulated/{hardware or SIM['hardware']}/{spec or SIM['model_spec']}/{pair or SIM['pair']}/"
+        f"results/simulated/{hardware or SIM['hardware']}/{spec or SIM['model_spec']}/{sim_draft(method, draft)}/"
+        f"{pair or SIM['pair']}/"
         f"{benchmark}/{method}/g{g}-b{batch or SIM['batch_size']}-n{tokens or SIM['max_new_tokens']}"
         f"-c{fmt_ratio(SIM['cache_ratio'] if cache is None else cache)}.json"
     )
@@ -145,6 +169,13 @@ def wrapped_cell(method, benchmark):
     return f"results/wrapped/{LLAMACPP['pair']}/{benchmark}/{method}/g{g}-n{LLAMACPP['max_new_tokens']}.json"
 
 
+def wrapped_system_cell(system, benchmark):
+    s = config["wrapped"][WRAPPED_SYSTEMS[system]]
+    return (
+        f"results/wrapped/{s['pair']}/{benchmark}/{system}/n{s['max_new_tokens']}.json"
+    )
+
+
 def get_trace(wildcards):
     return trace_file(
         wildcards.pair,
@@ -153,6 +184,10 @@ def get_trace(wildcards):
         wildcards.batch,
         wildcards.tokens,
     )
+
+
+def get_draft_spec_arg(wildcards):
+    return "" if wildcards.draft == "none" else f"--draft-spec {wildcards.draft}"
 
 
 def get_policy(wildcards):
@@ -172,7 +207,8 @@ def get_trace_limit(wildcards):
 
 def get_prompt_args(wildcards):
     eos = " --ignore-eos" if PROMPTS["ignore_eos"] else ""
-    return f"--source {PROMPTS['source']} --seed {PROMPTS['seed']}{eos}"
+    temp = f" --temperature {PROMPTS['temperature']}"
+    return f"--source {PROMPTS['source']} --seed {PROMPTS['seed']}{eos}{temp}"
 
 
 def get_llamacpp_args(wildcards):
@@ -181,11 +217,25 @@ def get_llamacpp_args(wildcards):
         if get_method(wildcards.method).draft
         else ""
     )
-    eos = " --ignore-eos" if PROMPTS["ignore_eos"] else ""
+    sampling = " --ignore-eos" if PROMPTS["ignore_eos"] else ""
+    sampling += f" --temperature {PROMPTS['temperature']}"
     limit = (
         1000000 if LLAMACPP["limit"] is None else LLAMACPP["limit"]
     )  # 'all' for the wrapper
-    return f"--limit {limit} --seed {PROMPTS['seed']}{draft}{eos}"
+    return f"--limit {limit} --seed {PROMPTS['seed']}{draft}{sampling}"
+
+
+def get_wrapped_args(wildcards, threads):
+    """`moespac wrapped SYSTEM` options from its config section (limit null: every prompt)."""
+    s = config["wrapped"][WRAPPED_SYSTEMS[wildcards.system]]
+    limit = 1000000 if s["limit"] is None else s["limit"]
+    args = [f"--limit {limit} --seed {PROMPTS['seed']}"]
+    args += [
+        f"{flag} {s[k]}" for k, flag in WRAPPED_OPTIONS.items() if s.get(k) is not None
+    ]
+    if wildcards.system == "moespac-release":
+        args.append(f"--threads {threads}")
+    return " ".join(args)
 
 
 # ---- the record list of each study (tables and figures read these; MLflow files runs by study)
@@ -197,6 +247,9 @@ def table1_records():
         out += [measured_cell(m, b) for m in ENGINE["methods"] for b in BENCHMARKS]
     if LLAMACPP["activate"]:
         out += [wrapped_cell(m, b) for m in LLAMACPP["methods"] for b in BENCHMARKS]
+    for system, section in WRAPPED_SYSTEMS.items():
+        if config["wrapped"][section]["activate"]:
+            out += [wrapped_system_cell(system, b) for b in BENCHMARKS]
     return out
 
 
@@ -206,14 +259,20 @@ def table2_records():
 
 
 def table3_records():
-    """Simulated cells per model entry; measured ones too where the entry names a pair and `measure`."""
+    """Simulated cells per model entry (its draft_spec, else the simulation's); measured ones too where the
+    entry names a pair and `measure`."""
     t, out = config["table3"], []
     for e in t["models"]:
         for m in t["methods"]:
             for b in t["benchmarks"]:
                 out.append(
                     sim_cell(
-                        m, b, hardware=e["hardware"], spec=e["spec"], pair=e.get("pair")
+                        m,
+                        b,
+                        hardware=e["hardware"],
+                        spec=e["spec"],
+                        pair=e.get("pair"),
+                        draft=e.get("draft_spec"),
                     )
                 )
                 if e.get("measure"):
@@ -292,7 +351,7 @@ def studies():
 def trace_record_of(sim_path):
     """The record of the engine run that recorded the trace a simulated cell replays."""
     m = re.match(
-        r"results/simulated/[^/]+/[^/]+/(?P<rest>[^/]+/[^/]+)/[^/]+/(?P<run>g\d+-b\d+-n\d+)-c",
+        r"results/simulated/[^/]+/[^/]+/[^/]+/(?P<rest>[^/]+/[^/]+)/[^/]+/(?P<run>g\d+-b\d+-n\d+)-c",
         sim_path,
     )
     return f"results/traces/{m['rest']}/{m['run']}.json"
@@ -415,3 +474,4 @@ wildcard_constraints:
     cache=r"[0-9.]+",
     hardware="[a-z0-9.-]+",
     spec="[a-z0-9.-]+",
+    draft="[a-z0-9.-]+",
