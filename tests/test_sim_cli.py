@@ -104,3 +104,38 @@ def test_simulate_the_oracle_itself(trace_path, tmp_path):
     rec = json.loads(out.read_text())
     assert rec["policy"]["options"] == {"prefetch": False} and rec["policy"]["stats"] == {"prefetch": False, "host": True}
     assert rec["metrics"]["tokens_per_s"] <= rec["bounds"]["infinite_cache"]["tokens_per_s"] * (1 + 1e-9)
+
+
+def test_warmup_steps_sets_the_fiddler_profiling_window(trace_path, tmp_path, capsys):
+    out = tmp_path / "fiddler.json"
+    args = ["simulate", "--trace", str(trace_path), "--policy", "fiddler", "--hardware", "h200", "--no-bounds",
+            "--json", str(out)]
+    assert main(args + ["--warmup-steps", "0"]) == 2  # no window: fiddler lacks its signal
+    assert "'warmup_counts'" in capsys.readouterr().err and not out.exists()
+    assert main(args + ["--warmup-steps", "-1"]) == 2
+    assert "--warmup-steps -1 must be >= 0" in capsys.readouterr().err
+    assert main(args + ["--warmup-steps", "4"]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["config"]["warmup_steps"] == 4 and rec["warmup_window"]["steps"] == 4 and rec["warmup_window"]["request"] == 0
+    # routing entries of a prefill of 8 tokens and 3 verify steps of gamma + 1 = 4 tokens, 4 layers x top-2
+    assert rec["warmup_window"]["entries"] == (8 + 3 * 4) * 4 * 2
+
+
+def test_bench_simulated_takes_warmup_steps(micro_dir, tmp_path, capsys):
+    trace, out = tmp_path / "t.npz", tmp_path / "sim.json"
+    common = ["bench", "--benchmark", "gsm8k", "--timing", "simulated", "--hardware", "h200", "--policy", "fiddler",
+              "--no-progress"]
+    assert main(common + ["--model-pair", str(micro_dir), "--gamma", "2", "--limit", "1", "--max-new-tokens", "4",
+                          "--ignore-eos", "--warmup-steps", "2", "--trace", str(trace), "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["config"]["warmup_steps"] == 2 and rec["policy"]["warmup_window"]["steps"] == 2
+    assert rec["simulation"]["warmup_window"] == rec["policy"]["warmup_window"]
+    capsys.readouterr()
+    replay = common + ["--from-trace", str(trace), "--out", str(tmp_path / "again.json")]
+    assert main(replay + ["--warmup-steps", "0"]) == 2 and "'warmup_counts'" in capsys.readouterr().err
+    assert main(replay + ["--warmup-steps", "-3"]) == 2 and "--warmup-steps -3" in capsys.readouterr().err
+    assert main(replay) == 0  # the simulator's default window
+    assert json.loads((tmp_path / "again.json").read_text())["config"]["warmup_steps"] == 16
+    measured = ["bench", "--benchmark", "gsm8k", "--model-pair", str(micro_dir), "--warmup-steps", "2",
+                "--out", str(tmp_path / "m.json")]
+    assert main(measured) == 2 and "warmup_steps need timing 'simulated'" in capsys.readouterr().err

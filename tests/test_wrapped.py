@@ -189,11 +189,16 @@ def test_run_config_validation_names_the_key(bad, key):
 
 
 def test_release_command_line_follows_its_readme():
-    args = Namespace(max_new_tokens=512, max_context=4096, seed=8, draft_max=8, threads=4)
+    args = Namespace(max_new_tokens=512, max_context=4096, seed=8, draft_max=8, threads=4, temperature=0.0,
+                     ignore_eos=False)
     cmd = moespac_release.command_line("/r/bin", "t.gguf", "d.gguf", "p.txt", args)
     assert cmd[0] == "/r/bin/llama-speculative"
     assert cmd[cmd.index("-ot") + 1] == r"\.ffn_(up|down|gate)_exps=CPU"
     assert cmd[cmd.index("--draft") + 1] == "8" and cmd[cmd.index("-n") + 1] == "512"
+    assert cmd[cmd.index("--temp") + 1] == "0.0" and "--ignore-eos" not in cmd
+    cmd = moespac_release.command_line("/r/bin", "t.gguf", "d.gguf", "p.txt",
+                                       Namespace(**dict(vars(args), temperature=0.8, ignore_eos=True)))
+    assert cmd[cmd.index("--temp") + 1] == "0.8" and cmd[-1] == "--ignore-eos" and cmd[cmd.index("-s") + 1] == "8"
 
 
 def test_prompt_file_survives_llamacpp_dropping_one_newline(tmp_path):
@@ -371,8 +376,9 @@ def _args(tmp_path, **kw):
     for sub in ("target", "draft"):
         (pair / sub).mkdir(parents=True, exist_ok=True)
         (pair / sub / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "num_experts": 32}))
-    return Namespace(model_pair=str(pair), benchmark="gsm8k", limit=3, seed=0, max_new_tokens=16, max_context=2048,
-                     out=str(tmp_path / "r.json"), **kw)
+    common = dict(model_pair=str(pair), benchmark="gsm8k", limit=3, seed=0, max_new_tokens=16, max_context=2048,
+                  temperature=0.0, ignore_eos=False, out=str(tmp_path / "r.json"))
+    return Namespace(**dict(common, **kw))
 
 
 def test_vllm_writes_a_skip_record_without_cuda(tmp_path, monkeypatch):
@@ -458,3 +464,87 @@ def test_resolve_cuda_auto_falls_back_with_the_reason(monkeypatch):
         llamacpp_build.resolve_cuda("on")
     monkeypatch.setattr(llamacpp_build, "nvcc_missing_reason", lambda: None)
     assert llamacpp_build.resolve_cuda("auto") == (True, None)
+
+
+# ---- decoding settings: --temperature and --ignore-eos reach each system and its record
+
+def test_sampling_flags_parse_for_every_wrapped_system():
+    from moespac.cli import build_parser
+
+    for system in SYSTEMS:
+        args = build_parser().parse_args(["wrapped", system, "--model-pair", "p", "--out", "o.json",
+                                          "--temperature", "0.8", "--ignore-eos"])
+        assert (args.temperature, args.ignore_eos) == (0.8, True), system
+        args = build_parser().parse_args(["wrapped", system, "--model-pair", "p", "--out", "o.json"])
+        assert (args.temperature, args.ignore_eos) == (0.0, False), system
+
+
+def test_negative_temperature_is_refused_naming_the_flag(tmp_path):
+    with pytest.raises(MoespacError, match="--temperature -0.5 must be >= 0"):
+        _common.check_common_arguments(_args(tmp_path, temperature=-0.5))
+
+
+def test_vllm_sampling_params_and_skip_record_carry_the_flags(tmp_path, monkeypatch):
+    args = _args(tmp_path, temperature=0.8, ignore_eos=True, seed=5, cpu_offload_gb=None, draft=False, draft_max=8,
+                 gpu_memory_utilization=0.9)
+    assert vllm.sampling_options(args, 64) == dict(max_tokens=64, temperature=0.8, seed=5, ignore_eos=True)
+    greedy = _args(tmp_path)
+    assert vllm.sampling_options(greedy, 1) == dict(max_tokens=1, temperature=0.0, seed=0, ignore_eos=False)
+    monkeypatch.setattr(vllm, "cuda_missing_reason", lambda: "no CUDA GPU visible to torch (test)")
+    assert vllm.main(args) == 0
+    config = json.loads(Path(args.out).read_text())["config"]
+    assert (config["temperature"], config["ignore_eos"], config["seed"]) == (0.8, True, 5)
+
+
+def test_release_skip_record_carries_the_flags(tmp_path, monkeypatch):
+    monkeypatch.setattr(moespac_release, "cuda_missing_reason", lambda: "no CUDA GPU visible to torch (test)")
+    args = _args(tmp_path, temperature=0.7, ignore_eos=True, commit=moespac_release.COMMIT, draft_max=8, threads=None)
+    assert moespac_release.main(args) == 0
+    config = json.loads(Path(args.out).read_text())["config"]
+    assert (config["temperature"], config["ignore_eos"]) == (0.7, True)
+
+
+def test_accelerate_generate_options():
+    tok = Namespace(eos_token_id=7, pad_token_id=None)
+    greedy = wrapped_accelerate.generate_options(Namespace(temperature=0.0, ignore_eos=False, max_new_tokens=9), tok)
+    assert greedy == dict(do_sample=False, eos_token_id=7, pad_token_id=7)
+    sampled = wrapped_accelerate.generate_options(Namespace(temperature=0.8, ignore_eos=True, max_new_tokens=9), tok)
+    assert sampled == dict(do_sample=True, temperature=0.8, min_new_tokens=9, eos_token_id=7, pad_token_id=7)
+
+
+class _EosIs:
+    """A tokenizer whose end-of-sequence token is another token (so that the micro model "stops" at once)."""
+
+    def __init__(self, tok, eos: int):
+        self._tok, self.eos_token_id, self.pad_token_id = tok, eos, eos
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __call__(self, *a, **kw):
+        return self._tok(*a, **kw)
+
+
+def test_accelerate_ignore_eos_generates_max_new_tokens_on_the_micro_pair(micro_dir, tmp_path, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from moespac.models import loading
+
+    # make the target's first greedy token of the prompt its EOS: greedy stops after 1 token, --ignore-eos does not
+    tok = loading.load_tokenizer(str(micro_dir / "target"))
+    (prompt,), _ = _common.benchmark_prompts(tok, "gsm8k", 1, 0, 2048, 8)
+    model = AutoModelForCausalLM.from_pretrained(str(micro_dir / "target"), dtype=loading.DTYPES["auto"]).eval()
+    with torch.inference_mode():
+        first = int(model(torch.tensor([prompt.ids])).logits[0, -1].argmax())
+    monkeypatch.setattr(loading, "load_tokenizer", lambda ref, *a, **kw: _EosIs(tok, first))
+    run = dict(model_pair=str(micro_dir), benchmark="gsm8k", limit=1, seed=0, max_new_tokens=8, max_context=2048,
+               max_gpu_gib=None, max_cpu_gib=None, dtype="auto", out=str(tmp_path / "r.json"))
+    greedy = wrapped_accelerate.run_benchmark(Namespace(**run, temperature=0.0, ignore_eos=False))
+    assert [r["new_tokens"] for r in greedy["requests"]] == [1]
+    assert greedy["sampling"] == dict(generate=dict(do_sample=False))
+    sampled = wrapped_accelerate.run_benchmark(Namespace(**run, temperature=0.8, ignore_eos=True))
+    assert [r["new_tokens"] for r in sampled["requests"]] == [8] and sampled["timing"] == "wrapped"
+    assert (sampled["config"]["temperature"], sampled["config"]["ignore_eos"]) == (0.8, True)
+    assert sampled["sampling"]["generate"] == dict(do_sample=True, temperature=0.8, min_new_tokens=8)
+    assert greedy["config_hash"] != sampled["config_hash"]

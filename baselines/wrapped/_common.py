@@ -23,10 +23,16 @@ def add_common_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default: %(default)s)")
     p.add_argument("--max-context", type=int, default=2048,
                    help="context size; prompts that do not fit with --max-new-tokens are skipped (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature, seeded by --seed; 0 = greedy (default)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at end-of-sequence: always generate --max-new-tokens tokens")
     p.add_argument("--out", required=True, help="result record (JSON)")
 
 
 def check_common_arguments(args) -> None:
+    if args.temperature < 0:
+        raise MoespacError(f"--temperature {args.temperature} must be >= 0")
     if args.limit < 1:
         raise MoespacError(f"--limit {args.limit} must be >= 1")
     if args.max_new_tokens < 1:

@@ -1,5 +1,6 @@
 """HF Accelerate big-model offload as users run it: transformers `from_pretrained(device_map="auto",
-max_memory=...)`, then plain greedy `generate`, timed per request (prefill = time to the first new token).
+max_memory=...)`, then plain `generate` (greedy, or `do_sample=True, temperature=T` after `set_seed`;
+`min_new_tokens=max_new_tokens` for --ignore-eos), timed per request (prefill = time to the first new token).
 
 Accelerate places whole decoder layers in module order on the GPU up to the GPU budget and the rest on
 the CPU, copying an offloaded layer's weights in for each use. With no GPU the only device is the CPU:
@@ -63,9 +64,21 @@ class _Clock:
         pass
 
 
+def generate_options(args, tok) -> dict:
+    """generate() keywords for the decoding settings: greedy at temperature 0, else sampling at T (top-k/top-p
+    stay the model's generation_config defaults, as for any user); --ignore-eos masks EOS until the length cap."""
+    gen = dict(do_sample=args.temperature > 0, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    if args.temperature > 0:
+        gen["temperature"] = args.temperature
+    if args.ignore_eos:
+        gen["min_new_tokens"] = args.max_new_tokens
+    return gen
+
+
 def run_benchmark(args) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, set_seed
 
     from moespac.models.loading import DTYPES, load_tokenizer
 
@@ -81,9 +94,11 @@ def run_benchmark(args) -> dict:
     tok = load_tokenizer(str(target))
     prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context, args.max_new_tokens)
     first = next(model.parameters()).device if not gpu else torch.device("cuda", 0)
-    gen = dict(do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+    gen = generate_options(args, tok)
     with torch.inference_mode():
-        model.generate(torch.tensor([prompts[0].ids], device=first), max_new_tokens=2, **gen)  # warm-up, untimed
+        warm = dict(gen, min_new_tokens=2) if args.ignore_eos else gen
+        model.generate(torch.tensor([prompts[0].ids], device=first), max_new_tokens=2, **warm)  # warm-up, untimed
+        set_seed(args.seed)  # after the warm-up, so the samples do not depend on it
         requests = []
         for p in prompts:
             clock = _Clock()
@@ -101,11 +116,16 @@ def run_benchmark(args) -> dict:
     where = placement(getattr(model, "hf_device_map", {}) or {"": str(first)})
     config = dict(system=SYSTEM, model_pair=str(args.model_pair), benchmark=args.benchmark, limit=args.limit,
                   seed=args.seed, max_new_tokens=args.max_new_tokens, max_context=args.max_context, dtype=args.dtype,
+                  temperature=args.temperature, ignore_eos=args.ignore_eos,
                   max_memory={str(k): v for k, v in mem.items()}, gpu=gpu)
     note = ("GPU run: modules beyond the GPU budget sit on the CPU and are copied in for each use" if where["offloaded"]
             else "no offload: " + ("no GPU, every module is on the CPU (the host is the only device)" if not gpu
                                    else "the whole model fit the GPU budget"))
+    sampling = dict(generate={k: v for k, v in gen.items() if k not in ("eos_token_id", "pad_token_id")})
+    if args.temperature > 0:  # what else shapes the samples: the model's own generation_config
+        sampling.update(top_k=model.generation_config.top_k, top_p=model.generation_config.top_p)
     return wrapped_record(SYSTEM, config, requests, placement=where, offload_note=note, skipped_prompts=skipped,
+                          sampling=sampling,
                           definitions=dict(prefill_s="generate() start to the first new token (streamer clock)",
                                            decode_tokens_per_s="(new tokens - 1) / (end - first new token)"))
 

@@ -188,8 +188,6 @@ def add_arguments(p) -> None:
     g.add_argument("--spec-tool", default=RunConfig.spec_tool, choices=SPEC_TOOLS, help="speculative decoder (default: %(default)s)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     g.add_argument("--no-cpu-moe", action="store_true", help="do not keep routed experts on the host")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     g.add_argument("--outtype", default="f32", choices=OUTTYPES, help="GGUF weight type (default: %(default)s, like our fp32 engine on a CPU)")
     g.add_argument("--gguf-dir", default=None, help="where converted models go (default: resources/llamacpp/gguf/<pair>)")
     g.add_argument("--allow-token-mismatch", action="store_true",

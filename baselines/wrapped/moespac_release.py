@@ -79,7 +79,8 @@ def skip_reason() -> str | None:
 def config_of(args) -> dict:
     return dict(system=SYSTEM, model_pair=str(args.model_pair), benchmark=args.benchmark, limit=args.limit,
                 seed=args.seed, max_new_tokens=args.max_new_tokens, max_context=args.max_context,
-                commit=args.commit, draft_max=args.draft_max, speculative=True)
+                temperature=args.temperature, ignore_eos=args.ignore_eos, commit=args.commit, draft_max=args.draft_max,
+                speculative=True)
 
 
 def clone(commit: str, dest: Path) -> Path:
@@ -90,11 +91,13 @@ def clone(commit: str, dest: Path) -> Path:
 
 
 def command_line(bin_dir: str, target_gguf, draft_gguf, prompt_path, args) -> list[str]:
-    """The release README's llama-speculative invocation, with our prompt file, length and seed."""
-    return [str(Path(bin_dir) / "llama-speculative"), "-m", str(target_gguf), "-md", str(draft_gguf),
-            "-f", str(prompt_path), "--no-escape", "-ot", EXPERTS_ON_HOST, "-n", str(args.max_new_tokens),
-            "-c", str(args.max_context), "-s", str(args.seed), "--draft", str(args.draft_max), "--temp", "0",
-            "-t", str(args.threads or os.cpu_count() or 1), "-ngl", "99", "-ngld", "99"]
+    """The release README's llama-speculative invocation, with our prompt file, length, seed and sampling
+    (its --temp; --ignore-eos biases end-of-generation tokens to -inf, as upstream llama.cpp does)."""
+    cmd = [str(Path(bin_dir) / "llama-speculative"), "-m", str(target_gguf), "-md", str(draft_gguf),
+           "-f", str(prompt_path), "--no-escape", "-ot", EXPERTS_ON_HOST, "-n", str(args.max_new_tokens),
+           "-c", str(args.max_context), "-s", str(args.seed), "--draft", str(args.draft_max),
+           "--temp", str(args.temperature), "-t", str(args.threads or os.cpu_count() or 1), "-ngl", "99", "-ngld", "99"]
+    return cmd + (["--ignore-eos"] if args.ignore_eos else [])
 
 
 def run_benchmark(args) -> dict:

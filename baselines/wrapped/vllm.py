@@ -1,4 +1,5 @@
-"""vLLM with `cpu_offload_gb` (the `--cpu-offload-gb` flag) as users run it, greedy, one request at a time.
+"""vLLM with `cpu_offload_gb` (the `--cpu-offload-gb` flag) as users run it, one request at a time, greedy or
+sampling (`SamplingParams(temperature=T, seed=..., ignore_eos=...)`).
 
 CUDA only: where torch sees no CUDA GPU, or vLLM is not installed, the run writes a record with
 `skipped: true` and the reason, and exits 0 so the pipeline goes on.
@@ -46,7 +47,14 @@ def skip_reason() -> str | None:
 def config_of(args) -> dict:
     return dict(system=SYSTEM, model_pair=str(args.model_pair), benchmark=args.benchmark, limit=args.limit,
                 seed=args.seed, max_new_tokens=args.max_new_tokens, max_context=args.max_context,
+                temperature=args.temperature, ignore_eos=args.ignore_eos,
                 cpu_offload_gb=args.cpu_offload_gb, speculative=bool(args.draft), draft_max=args.draft_max)
+
+
+def sampling_options(args, max_tokens: int) -> dict:
+    """SamplingParams keywords of one request: temperature 0 is vLLM's greedy; the per-request seed makes a
+    sampled run repeatable; ignore_eos keeps generating to max_tokens."""
+    return dict(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed, ignore_eos=args.ignore_eos)
 
 
 def _spec_counts(llm) -> tuple[int, int] | None:
@@ -80,17 +88,17 @@ def run_benchmark(args) -> dict:
               speculative_config=spec)
     tok = load_tokenizer(str(pair / "target"))
     prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context, args.max_new_tokens)
-    greedy = dict(temperature=0.0, seed=args.seed)
-    llm.generate([TokensPrompt(prompt_token_ids=prompts[0].ids)], SamplingParams(max_tokens=2, **greedy))  # warm-up
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0].ids)], SamplingParams(**sampling_options(args, 2)))  # warm-up
     requests = []
     for p in prompts:
         t0 = time.perf_counter()
-        llm.generate([TokensPrompt(prompt_token_ids=p.ids)], SamplingParams(max_tokens=1, **greedy), use_tqdm=False)
+        llm.generate([TokensPrompt(prompt_token_ids=p.ids)], SamplingParams(**sampling_options(args, 1)),
+                     use_tqdm=False)
         prefill = time.perf_counter() - t0
         before = _spec_counts(llm)
         t0 = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=p.ids)], SamplingParams(max_tokens=args.max_new_tokens, **greedy),
-                           use_tqdm=False)
+        out = llm.generate([TokensPrompt(prompt_token_ids=p.ids)],
+                           SamplingParams(**sampling_options(args, args.max_new_tokens)), use_tqdm=False)
         latency = time.perf_counter() - t0
         n_new = len(out[0].outputs[0].token_ids)
         decode_s = max(latency - prefill, 1e-9)

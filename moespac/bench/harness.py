@@ -96,20 +96,24 @@ class BenchConfig:
     """Simulated only: map trace layers/experts onto model_spec by modulo when they differ."""
     from_trace: str | None = None
     """Simulated only: replay this trace (recorded by a bench run) instead of running the engine."""
+    warmup_steps: int | None = None
+    """Simulated only: window of the 'warmup_counts' signal in steps of the trace's first request (0 = none);
+    None = the simulator's default. A measured run's window is its `warmup` calls instead."""
 
     def __post_init__(self):
         datasets.get_benchmark(self.benchmark)  # unknown name -> MoespacError naming it and the known ones
         checks = [
             (self.timing in ("measured", "simulated"), f"timing {self.timing!r}: 'measured' or 'simulated'"),
             (self.timing == "simulated" or not (self.hardware or self.from_trace or self.model_spec != "trace"
-                                                 or self.draft_spec),
-             "hardware / from_trace / model_spec / draft_spec need timing 'simulated'"),
+                                                 or self.draft_spec or self.warmup_steps is not None),
+             "hardware / from_trace / model_spec / draft_spec / warmup_steps need timing 'simulated'"),
             (self.timing == "measured" or bool(self.hardware), "timing 'simulated' needs hardware (a profile)"),
             (bool(self.target) or bool(self.from_trace), "target is required (or from_trace, to replay a trace)"),
             (self.gamma >= 0, f"gamma {self.gamma} must be >= 0"),
             (self.batch_size >= 1, f"batch_size {self.batch_size} must be >= 1"),
             (self.max_new_tokens >= 1, f"max_new_tokens {self.max_new_tokens} must be >= 1"),
             (self.warmup >= 0, f"warmup {self.warmup} must be >= 0"),
+            (self.warmup_steps is None or self.warmup_steps >= 0, f"warmup_steps {self.warmup_steps} must be >= 0"),
             (self.limit is None or self.limit >= 1, f"limit {self.limit} must be >= 1"),
             (self.temperature >= 0, f"temperature {self.temperature} must be >= 0"),
             (self.source in datasets.SOURCES, f"source {self.source!r}: one of {', '.join(datasets.SOURCES)}"),
@@ -175,8 +179,10 @@ def prepare(cfg: BenchConfig) -> Prepared:
     profile, trace = None, None
     if cfg.timing == "simulated":
         from moespac.sim.profile import load_profile
+        from moespac.sim.simulate import SimConfig
 
         profile = load_profile(cfg.hardware)
+        warmup_steps = SimConfig.warmup_steps if cfg.warmup_steps is None else cfg.warmup_steps
     if cfg.from_trace:
         from moespac.trace import load_trace
 
@@ -201,7 +207,7 @@ def prepare(cfg: BenchConfig) -> Prepared:
     else:
         config.update(hardware=profile.name, hardware_sha256=profile.sha256, model_spec=cfg.model_spec,
                       draft_spec=cfg.draft_spec, allow_topology_mismatch=cfg.allow_topology_mismatch,
-                      trace_id=trace.trace_id() if trace is not None else trace_id(tcfg))
+                      warmup_steps=warmup_steps, trace_id=trace.trace_id() if trace is not None else trace_id(tcfg))
     return Prepared(config, tcfg, target, draft, trace, profile)
 
 
@@ -231,7 +237,7 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
     if cfg.timing == "measured":
         extra = dict(profile=None)
     else:
-        calls, policy_stats, extra = simulated_calls(cfg, trace, trace_path)
+        calls, policy_stats, extra = simulated_calls(cfg, trace, trace_path, prep.config["warmup_steps"])
         warmup = extra["simulation"]["warmup_window"]
     facts = trace.meta["bench"]
     metrics, samples = summarize(facts["rows"], calls, trace)
@@ -377,7 +383,7 @@ def _room(reason: str, context: int, gamma: int) -> str:
 
 # ---- the simulated timing ----------------------------------------------------------------------------------
 
-def simulated_calls(cfg: BenchConfig, trace, trace_path) -> tuple[list[dict], dict, dict]:
+def simulated_calls(cfg: BenchConfig, trace, trace_path, warmup_steps: int) -> tuple[list[dict], dict, dict]:
     """Replay the trace: (calls with simulated timing and counters, policy stats, the record's profile and
     simulation sections)."""
     from moespac.sim.simulate import SimConfig, simulate
@@ -385,7 +391,8 @@ def simulated_calls(cfg: BenchConfig, trace, trace_path) -> tuple[list[dict], di
     sim = simulate(SimConfig(trace=str(trace_path or ""), policy=cfg.policy, hardware=cfg.hardware,
                              model_spec=cfg.model_spec, draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio,
                              cache_gib=cfg.cache_gib, per_layer=cfg.per_layer,
-                             allow_topology_mismatch=cfg.allow_topology_mismatch), trace)
+                             allow_topology_mismatch=cfg.allow_topology_mismatch,
+                             warmup_steps=warmup_steps), trace)
     sizes = {}
     for row in trace.meta["bench"]["rows"]:
         sizes[row["call"]] = sizes.get(row["call"], 0) + 1

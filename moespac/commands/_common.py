@@ -49,6 +49,22 @@ def check_engine_args(args) -> None:
         raise MoespacError(f"--cache-ratio {args.cache_ratio} outside [0, 1]")
 
 
+def add_warmup_steps_arg(g) -> None:
+    """--warmup-steps of the simulator (`moespac simulate`, `moespac bench --timing simulated`)."""
+    g.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                   help="simulated: steps of the trace's first request whose routing counts are the "
+                        "'warmup_counts' signal (Fiddler-style profiling); 0 = no such signal (default: 16)")
+
+
+def warmup_steps_option(args) -> dict:
+    """{'warmup_steps': N} when --warmup-steps was given (else {}: the simulator's default); checked here."""
+    if args.warmup_steps is None:
+        return {}
+    if args.warmup_steps < 0:
+        raise MoespacError(f"--warmup-steps {args.warmup_steps} must be >= 0")
+    return dict(warmup_steps=args.warmup_steps)
+
+
 def default_device(device: str | None) -> str:
     import torch
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moespac.commands._common import add_engine_args, add_model_args
+from moespac.commands._common import add_engine_args, add_model_args, add_warmup_steps_arg, warmup_steps_option
 from moespac.errors import MoespacError
 
 
@@ -38,6 +38,7 @@ def register(sub) -> None:
                         "qwen3-4b-fp8 (default: the trace's draft folder, else qwen3-4b-fp8)")
     t.add_argument("--allow-topology-mismatch", action="store_true",
                    help="simulated: map the trace onto --model-spec by modulo when layers/experts differ")
+    add_warmup_steps_arg(t)
     t.add_argument("--from-trace", default=None, metavar="TRACE",
                    help="simulated: replay this bench trace (its models and protocol) instead of running the engine")
     p.add_argument("--trace", default=None, metavar="OUT", help="keep the activation trace (.npz) here")
@@ -76,7 +77,7 @@ def run(args) -> int:
         per_layer=args.per_layer_cache, copy_mode=args.copy_mode, dtype=args.dtype, device=args.device,
         trust_remote_code=args.trust_remote_code, timing=args.timing, hardware=args.hardware,
         model_spec=args.model_spec, draft_spec=args.draft_spec, allow_topology_mismatch=args.allow_topology_mismatch,
-        from_trace=args.from_trace)
+        from_trace=args.from_trace, **warmup_steps_option(args))
     record = run_to_file(cfg, args.out, trace_out=args.trace, progress=not args.no_progress, skip_valid=args.skip_valid)
     print(summary_text(record))
     print(f"record: {args.out}")
