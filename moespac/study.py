@@ -129,7 +129,7 @@ def check_names(config: dict) -> None:
             policy(key, value)
     pairs = config.get("pairs", {})
     for key, value in walk(config):
-        if key.rsplit(".", 1)[-1] in ("pair", "trace_pair"):
+        if key.rsplit(".", 1)[-1].split("[")[0] in ("pair", "trace_pair", "pairs"):  # pairs[i]: a list of names
             need(key, value, set(pairs), "model pair (a key of 'pairs')")
 
 

@@ -3,13 +3,18 @@ job runs, and one tiny study end to end (micro pair, one benchmark, a few tokens
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+
+from moespac.bench.records import read_record, validate_record
+from moespac.tracking import KEY_TAG
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "tests" / "fixtures" / "workflow_tiny.yaml"
@@ -87,9 +92,47 @@ def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, edit, needles)
     assert not (tmp_path / "results").exists() and not (tmp_path / "paper_figs").exists()
 
 
+def interrupt_once_a_record_exists(tmp_path, timeout=300):
+    """Start the tiny study, send SIGINT (as Ctrl-C does, to the whole process group) as soon as the first
+    result record lands, and wait for Snakemake to stop. Returns its exit code."""
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
+    proc = subprocess.Popen([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--cores", "2", "--configfile",
+                             str(TINY)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while not any((tmp_path / "results").glob("*/**/*.json")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no result record within the timeout"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        return proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def mlflow_config_hashes(tmp_path) -> list[str]:
+    """Config hash of every run in the study's MLflow store, sorted."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results/mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=10000)
+    return sorted(r.data.tags[KEY_TAG] for r in runs)
+
+
 def test_tiny_study_end_to_end(tmp_path):
+    # Ctrl-C mid-way, then the same command again: it completes, and no record is corrupt (checked below)
+    assert interrupt_once_a_record_exists(tmp_path) != 0  # stopped early, not finished
     r = snakemake("--cores", 2, "--configfile", TINY, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    records = [p for d in ("traces", "measured", "simulated") for p in (tmp_path / "results" / d).glob("**/*.json")]
+    assert records
+    for path in records:
+        validate_record(path)  # schema + completeness
+    for path in (tmp_path / "results" / "wrapped").glob("**/*.json"):  # external systems' records: whole JSON
+        assert read_record(path)["timing"] == "wrapped"
+    assert not list((tmp_path / "results").glob("**/*.failure.json"))
     figs = tmp_path / "paper_figs"
     for name in ("table1", "table2", "table4", "table6", "appendix_a1"):
         for ext in ("csv", "md", "tex"):
@@ -122,6 +165,8 @@ def test_tiny_study_end_to_end(tmp_path):
     ingest = json.loads((tmp_path / "results/mlflow/ingest.json").read_text())
     records = [p for p in ingest["runs"] if p != "outputs"]
     assert ingest["created"] == len(records) and not ingest["skipped"]
+    keys = mlflow_config_hashes(tmp_path)
+    assert len(keys) == len(set(keys)) == len(ingest["runs"])  # one run per record (+ the outputs run), no duplicate
     assert any(p.startswith("results/traces/") for p in records)
 
     # the HTML report bundles the figures with their captions

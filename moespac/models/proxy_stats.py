@@ -169,7 +169,7 @@ def render(rows: list[BenchStats], pair, gamma: int, prompts: int, max_new_token
     ref = paper_reference()
     fmt = lambda v, d=3: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{d}f}"  # noqa: E731
     mode = "greedy" if temperature == 0 else f"sampled at temperature {temperature}"
-    head = (f"proxy-stats: measured on the locally trained proxy pair {pair} (not Qwen3-30B-A3B); {mode} speculative "
+    head = (f"proxy-stats: measured on the pair {pair} (a local pair, not Qwen3-30B-A3B); {mode} speculative "
             f"decoding, gamma {gamma}, up to {prompts} prompts x {max_new_tokens} new tokens per benchmark (EOS ignored)")
     cols = ("benchmark", "prompts", "alpha", "paper alpha", "accepted/drafted", "tokens/step", "top-10% share", "reuse",
             "active", "sMAPE", "hot/cold acc")

@@ -73,3 +73,27 @@ rule build_llamacpp:
     threads: 2
     shell:
         "moespac wrapped build-llamacpp --jobs {threads} --json {output} > {log} 2>&1"
+
+
+rule proxy_stats:
+    # How close a pair behaves to the paper's models: alpha per benchmark, expert popularity, activation trend.
+    input:
+        pair=get_pair_ready,
+    output:
+        md=report(
+            "paper_figs/proxy_stats_{pair}.md",
+            caption="../report/proxy_stats.rst",
+            category="Proxy pairs",
+        ),
+        record="results/proxy_stats/{pair}.json",
+    log:
+        "results/logs/proxy_stats/{pair}.log",
+    conda:
+        "../envs/moespac.yaml"
+    threads: 1
+    params:
+        pair=get_pair_folder,
+        run=get_proxy_stats_args,
+    shell:
+        "moespac proxy-stats --pair {params.pair} {params.run} --threads {threads}"
+        " --json {output.record} --markdown {output.md} > {log} 2>&1"

@@ -205,10 +205,22 @@ def get_trace_limit(wildcards):
     return f"--limit {max(SIM['limit'], int(wildcards.batch))}"
 
 
-def get_prompt_args(wildcards):
+def get_proxy_stats_args(wildcards):
+    c = config["proxy_stats"]
+    return (
+        f"--benchmarks {','.join(BENCHMARKS)} --prompts {c['prompts']} --max-new-tokens {c['max_new_tokens']}"
+        f" --gamma {c['gamma']} --seed {PROMPTS['seed']} --temperature {PROMPTS['temperature']}"
+    )
+
+
+def sampling_args():
+    """The `prompts` section's decoding flags, as the engine and every wrapped system take them."""
     eos = " --ignore-eos" if PROMPTS["ignore_eos"] else ""
-    temp = f" --temperature {PROMPTS['temperature']}"
-    return f"--source {PROMPTS['source']} --seed {PROMPTS['seed']}{eos}{temp}"
+    return f"{eos} --temperature {PROMPTS['temperature']}"
+
+
+def get_prompt_args(wildcards):
+    return f"--source {PROMPTS['source']} --seed {PROMPTS['seed']}{sampling_args()}"
 
 
 def get_llamacpp_args(wildcards):
@@ -217,19 +229,17 @@ def get_llamacpp_args(wildcards):
         if get_method(wildcards.method).draft
         else ""
     )
-    sampling = " --ignore-eos" if PROMPTS["ignore_eos"] else ""
-    sampling += f" --temperature {PROMPTS['temperature']}"
     limit = (
         1000000 if LLAMACPP["limit"] is None else LLAMACPP["limit"]
     )  # 'all' for the wrapper
-    return f"--limit {limit} --seed {PROMPTS['seed']}{draft}{sampling}"
+    return f"--limit {limit} --seed {PROMPTS['seed']}{draft}{sampling_args()}"
 
 
 def get_wrapped_args(wildcards, threads):
     """`moespac wrapped SYSTEM` options from its config section (limit null: every prompt)."""
     s = config["wrapped"][WRAPPED_SYSTEMS[wildcards.system]]
     limit = 1000000 if s["limit"] is None else s["limit"]
-    args = [f"--limit {limit} --seed {PROMPTS['seed']}"]
+    args = [f"--limit {limit} --seed {PROMPTS['seed']}{sampling_args()}"]
     args += [
         f"{flag} {s[k]}" for k, flag in WRAPPED_OPTIONS.items() if s.get(k) is not None
     ]
@@ -455,6 +465,10 @@ def final_paper_outputs():
 
 def get_final_output():
     out = final_paper_outputs()
+    if config["proxy_stats"]["activate"]:
+        out += expand(
+            "paper_figs/proxy_stats_{pair}.md", pair=config["proxy_stats"]["pairs"]
+        )
     if config["smoke"]["activate"]:
         archs = config["smoke"]["archs"]
         out += expand("results/smoke/lossless/{arch}.txt", arch=archs)
