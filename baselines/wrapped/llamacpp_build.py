@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 from baselines.wrapped._common import RESOURCES, cuda_missing_reason, nvcc_missing_reason, run_logged
 from moespac.atomic import write_json
 from moespac.errors import MoespacError
+from moespac.fetch import pip_download
 
 VERSION = "0.3.36"
 """llama-cpp-python release whose sdist vendors the llama.cpp tree we build (vendor/llama.cpp)."""
@@ -101,16 +101,8 @@ def sha256_file(path: Path) -> str:
 
 def fetch_sdist(root: Path = ROOT, version: str = VERSION) -> Path:
     """The sdist tarball under root/sdist, downloaded once with pip (sources only, no dependencies)."""
-    dest = root / "sdist"
-    found = sorted(dest.glob(f"llama_cpp_python-{version}.tar.gz"))
-    if not found:
-        run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                    f"llama-cpp-python=={version}", "-d", dest], root / "logs" / "pip-download.log",
-                   what=f"pip download llama-cpp-python=={version}")
-        found = sorted(dest.glob(f"llama_cpp_python-{version}.tar.gz"))
-        if not found:
-            raise MoespacError(f"pip download left no llama_cpp_python-{version}.tar.gz in {dest}")
-    return found[0]
+    return pip_download(f"llama-cpp-python=={version}", root / "sdist", f"llama_cpp_python-{version}.tar.gz",
+                        sources=True)
 
 
 def unpack_sdist(tarball: Path, root: Path = ROOT) -> tuple[Path, str]:

