@@ -8,14 +8,16 @@ by `bind_trace` before `reset`), which no real run has, so in the engine `check_
   L layer visits (the requests of a layer expire when it starts, so nothing further is worth asking),
   soonest first, restricted to the `capacity` experts with the soonest next use so a copy never evicts
   an expert needed before the one it brings, and (costs bound, host allowed) to experts that will run
-  faster on the device than on the host.
+  faster on the device than on the host. With the step costs bound, a copy is asked for only if it surely
+  ends before its layer waits for it (behind every outstanding copy, within the fixed time until then), and
+  all requests share one priority (FIFO), so no later request delays an earlier one: no layer ever waits.
 - Placement (`host=True` and costs bound): per layer, among the splits "the b most device-favoured
   experts on the device, the rest on the host" (b = 0..n, misses loaded on demand), take the one of
   least layer time under the simulator's own cost numbers; all-host (b = 0) is one of them. With
   `host=False` every miss is loaded on demand (device only), like lru.
 
-It is a strong heuristic, not a proven optimum: with prefetching, a copy it starts can delay a later
-layer (an in-flight copy is waited for). The provable statements are in tests/test_sim_bounds.py.
+It is a strong heuristic, not a proven optimum (it is never worse than all-host; a static placement or a
+luckier eviction can beat it). The provable statements are in tests/test_sim_bounds.py.
 """
 
 from __future__ import annotations
@@ -36,14 +38,17 @@ class Oracle(Policy):
         self.counts = None
 
     def bind_trace(self, counts: np.ndarray, device_by_count=None, host_by_count=None, hidden=None,
-                   load: float | None = None, serial: bool = False) -> None:
+                   load: float | None = None, serial: bool = False, attention=None, other=None, draft=None) -> None:
         """The request's future: counts int [S, L, E] per step index, and (optionally) the simulator's costs:
-        expert time on device / host by routing count, hidden transfer per step, one copy, serial mode."""
+        expert time on device / host by routing count, hidden transfer per step, one copy, serial mode, and
+        the fixed time of each step (attention per layer, the rest of the forward, the draft phase)."""
         self.counts = np.asarray(counts)
         self.dev_cost = None if device_by_count is None else np.asarray(device_by_count, dtype=np.float64)
         self.host_cost = None if host_by_count is None else np.asarray(host_by_count, dtype=np.float64)
         self.hidden = None if hidden is None else np.asarray(hidden, dtype=np.float64)
         self.load_s, self.serial = load, bool(serial)
+        fixed = (attention, other, draft)
+        self.fixed = None if any(f is None for f in fixed) else [np.asarray(f, dtype=np.float64) for f in fixed]
 
     def reset(self, ctx: PolicyContext) -> np.ndarray:
         placement = super().reset(ctx)
@@ -57,6 +62,13 @@ class Oracle(Policy):
         self.requested = np.zeros((L, E), dtype=bool)
         self.s, self.layer = 0, -1
         self._keys_at = None
+        self.wait_at = None
+        if self.fixed is not None and self.load_s:
+            # earliest times (fixed costs only; expert time and stalls only add) at which each step starts and
+            # each layer visit s * L + l waits for its in-flight copies
+            att, other, draft = self.fixed
+            self.step_start = np.r_[0.0, np.cumsum(draft + L * att + other)]
+            self.wait_at = (self.step_start[:S, None] + draft[:, None] + att[:, None] * np.arange(1, L + 1)).ravel()
         # the initial placement is free (made before the request): the soonest-needed experts
         # (worth ignored: a placement costs nothing, and each layer's plan still picks device or host)
         return placement | self._soonest(self._compute_keys(worth=False))
@@ -107,8 +119,24 @@ class Oracle(Policy):
             want &= ~cache.loading
         layers, experts = np.nonzero(want)
         order = np.argsort(keys[layers, experts], kind="stable")
-        self.requested[layers, experts] = True
-        return [Prefetch(int(layers[i]), int(experts[i]), priority=-float(nxt[layers[i], experts[i]])) for i in order]
+        if self.wait_at is not None:
+            order = self._in_time(order, nxt[layers, experts], cache)
+        self.requested[layers[order], experts[order]] = True
+        # one priority for all: the link serves them FIFO, so a later request never delays an earlier one
+        return [Prefetch(int(layers[i]), int(experts[i]), priority=0.0) for i in order]
+
+    def _in_time(self, order: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
+        """The requests (in `order`) whose copy surely ends before their layer waits for it: behind every copy
+        still outstanding, one copy each, within the fixed time until that layer visit. A copy that could
+        make its layer wait is never started (the failure mode of naive lookahead prefetching)."""
+        now = self.step_start[self.s] if self.layer < 0 else self.wait_at[self.s * self.requested.shape[0] + self.layer]
+        backlog = int(np.count_nonzero(self.requested & ~cache.resident))
+        keep = []
+        for i in order:
+            if (backlog + 1) * self.load_s <= self.wait_at[positions[i]] - now:
+                keep.append(i)
+                backlog += 1
+        return np.asarray(keep, dtype=np.int64)
 
     def _soonest(self, keys: np.ndarray) -> np.ndarray:
         """bool [L, E]: the `capacity` useful experts with the smallest keys (per layer with a per-layer
@@ -157,7 +185,9 @@ class Oracle(Policy):
         host = h.sum() - np.r_[0.0, np.cumsum(h[order])]
         loads = np.r_[0, np.cumsum(miss[order])]
         host_part = host + np.where(np.arange(len(dev)) < len(active), x, 0.0)
-        layer_s = loads * load + (dev + host_part if self.serial else np.maximum(dev, host_part))
+        # on-demand loads first wait for the copy in flight (at most one copy time)
+        inflight = load if getattr(cache, "loading", None) is not None and cache.loading.any() else 0.0
+        layer_s = loads * load + (loads > 0) * inflight + (dev + host_part if self.serial else np.maximum(dev, host_part))
         # a load needs a slot: a free one, or a resident expert this layer does not use
         evictable = cache.resident.copy()
         evictable[layer, active] = False
