@@ -149,7 +149,11 @@ def test_tiny_study_end_to_end(tmp_path):
     assert set(cells["timing"]) == {"simulated", "measured", "wrapped"} and cells["model"].notna().all()
     sim = cells[cells["timing"] == "simulated"]
     assert set(sim["hardware"]) == {"rtx4090-pcie4"} and sim["model"].str.startswith("qwen3-30b-a3b experts").all()
-    assert set(sim["label"]) == {"llama.cpp", "HybriMoE", "MoE-SpAc"}
+    refs = {"Belady oracle w/ SD (reference)", "Infinite cache w/ SD (bound)"}
+    assert set(sim["label"]) == {"llama.cpp", "HybriMoE", "MoE-SpAc"} | refs
+    tps = sim.set_index("label")["tps"]
+    bound = tps["Infinite cache w/ SD (bound)"]  # of the SD trace: bounds the rows replayed on it
+    assert max(tps["MoE-SpAc"], tps["Belady oracle w/ SD (reference)"]) <= bound * (1 + 1e-9)
     md = (figs / "table1.md").read_text()
     assert "simulated on rtx4090-pcie4" in md and " S (paper 27.82)" in md and " M (paper 27.82)" in md
     assert "- simulated draft cost charged to speculative rows: qwen3-4b-fp8 (given)" in md
@@ -189,6 +193,7 @@ def test_tiny_study_end_to_end(tmp_path):
     dry = snakemake("-n", "--quiet", "rules", "--cores", 2, "--configfile", redraft, cwd=tmp_path)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     counts = job_counts(dry.stdout)
-    # moespac (Tables 1, 2, 4), moespac-no-adabc, moespac at batch 2 and at cache ratio 0.5; the AR rows keep theirs
-    assert counts["simulate_cell"] == 4 and counts["paper_table"] == 4
+    # moespac (Tables 1, 2, 4), oracle-sd, moespac-no-adabc, moespac at batch 2 and at cache ratio 0.5; the AR
+    # rows keep theirs
+    assert counts["simulate_cell"] == 5 and counts["paper_table"] == 4
     assert not {"record_trace", "bench_measured", "bench_wrapped"} & set(counts)

@@ -157,7 +157,32 @@ def record_row(path) -> dict:
     return dict(row, path=str(path), config_hash=rec.get("config_hash"))
 
 
+INFINITE_CACHE = "infinite-cache"
+
+
+def bound_row(row: dict, rec: dict) -> dict | None:
+    """The infinite-cache bound a simulated record computed (its oracle cell does), as a row of its own: the
+    throughput no policy can beat on that trace, hardware and draft (moespac/sim/bounds.py). It bounds the
+    policies run on the same trace (with the draft, for the oracle's SD trace), not the autoregressive rows."""
+    bound = ((rec.get("simulation") or {}).get("bounds") or {}).get("infinite_cache")
+    if rec.get("timing") != "simulated" or not bound:
+        return None
+    blank = dict.fromkeys(("acceptance_rate", "alpha", "omega", "hit_rate", "host_share", "a_over_b",
+                           "a_over_b_per_token", "hot_cold_accuracy"))
+    label = "Infinite cache w/ SD (bound)" if row["speculative"] else "Infinite cache (bound)"
+    return dict(row, **blank, method=INFINITE_CACHE, label=label, policy=INFINITE_CACHE,
+                tps=_num(bound.get("tokens_per_s")), latency_s=_num(bound.get("latency_s")),
+                config_hash=f"{row['config_hash']}:{INFINITE_CACHE}")
+
+
 def load_rows(paths) -> pd.DataFrame:
-    """Rows of every benchmark record in `paths` (other files are ignored: traces, numerics)."""
-    rows = [record_row(p) for p in paths if str(p).endswith(".json")]
+    """Rows of every benchmark record in `paths` (other files are ignored: traces, numerics), plus the
+    infinite-cache bound of each simulated record that computed it."""
+    rows = []
+    for p in paths:
+        if str(p).endswith(".json"):
+            rows.append(record_row(p))
+            bound = bound_row(rows[-1], read_json(p))
+            if bound:
+                rows.append(bound)
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -99,6 +99,8 @@ class BenchConfig:
     warmup_steps: int | None = None
     """Simulated only: window of the 'warmup_counts' signal in steps of the trace's first request (0 = none);
     None = the simulator's default. A measured run's window is its `warmup` calls instead."""
+    bounds: bool = True
+    """Simulated: also replay the oracle and the infinite-cache bound (the record's distance to them)."""
 
     def __post_init__(self):
         datasets.get_benchmark(self.benchmark)  # unknown name -> MoespacError naming it and the known ones
@@ -207,7 +209,8 @@ def prepare(cfg: BenchConfig) -> Prepared:
     else:
         config.update(hardware=profile.name, hardware_sha256=profile.sha256, model_spec=cfg.model_spec,
                       draft_spec=cfg.draft_spec, allow_topology_mismatch=cfg.allow_topology_mismatch,
-                      warmup_steps=warmup_steps, trace_id=trace.trace_id() if trace is not None else trace_id(tcfg))
+                      warmup_steps=warmup_steps, bounds=cfg.bounds,
+                      trace_id=trace.trace_id() if trace is not None else trace_id(tcfg))
     return Prepared(config, tcfg, target, draft, trace, profile)
 
 
@@ -392,7 +395,7 @@ def simulated_calls(cfg: BenchConfig, trace, trace_path, warmup_steps: int) -> t
                              model_spec=cfg.model_spec, draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio,
                              cache_gib=cfg.cache_gib, per_layer=cfg.per_layer,
                              allow_topology_mismatch=cfg.allow_topology_mismatch,
-                             warmup_steps=warmup_steps), trace)
+                             warmup_steps=warmup_steps, bounds=cfg.bounds), trace)
     sizes = {}
     for row in trace.meta["bench"]["rows"]:
         sizes[row["call"]] = sizes.get(row["call"], 0) + 1

@@ -39,6 +39,9 @@ def register(sub) -> None:
     t.add_argument("--allow-topology-mismatch", action="store_true",
                    help="simulated: map the trace onto --model-spec by modulo when layers/experts differ")
     add_warmup_steps_arg(t)
+    t.add_argument("--no-bounds", action="store_true",
+                   help="simulated: skip the oracle and the infinite-cache bound (they cost more than the policy's "
+                        "own replay; a study computes them once per trace, in its oracle cell)")
     t.add_argument("--from-trace", default=None, metavar="TRACE",
                    help="simulated: replay this bench trace (its models and protocol) instead of running the engine")
     p.add_argument("--trace", default=None, metavar="OUT", help="keep the activation trace (.npz) here")
@@ -77,7 +80,7 @@ def run(args) -> int:
         per_layer=args.per_layer_cache, copy_mode=args.copy_mode, dtype=args.dtype, device=args.device,
         trust_remote_code=args.trust_remote_code, timing=args.timing, hardware=args.hardware,
         model_spec=args.model_spec, draft_spec=args.draft_spec, allow_topology_mismatch=args.allow_topology_mismatch,
-        from_trace=args.from_trace, **warmup_steps_option(args))
+        from_trace=args.from_trace, bounds=not args.no_bounds, **warmup_steps_option(args))
     record = run_to_file(cfg, args.out, trace_out=args.trace, progress=not args.no_progress, skip_valid=args.skip_valid)
     print(summary_text(record))
     print(f"record: {args.out}")

@@ -44,10 +44,12 @@ rule simulate_cell:
     params:
         policy=get_policy,
         draft=get_draft_spec_arg,
+        bounds=get_bounds_flag,
     shell:
         "moespac bench --timing simulated --from-trace {input.trace} --hardware {wildcards.hardware}"
         " --model-spec {wildcards.spec} {params.draft} --allow-topology-mismatch --benchmark {wildcards.benchmark}"
-        " --policy '{params.policy}' --cache-ratio {wildcards.cache} --no-progress --out {output} > {log} 2>&1"
+        " --policy '{params.policy}' --cache-ratio {wildcards.cache} {params.bounds} --no-progress --out {output}"
+        " > {log} 2>&1"
 
 
 rule bench_measured:

@@ -194,6 +194,12 @@ def get_policy(wildcards):
     return get_method(wildcards.method).policy
 
 
+def get_bounds_flag(wildcards):
+    """The oracle and infinite-cache bound cost several times a policy's own replay, and depend only on the
+    trace: they are computed in the oracle's cells (Table 1's reference row), every other cell skips them."""
+    return "" if get_policy(wildcards).split(":")[0] == "oracle" else "--no-bounds"
+
+
 def get_limit(section):
     return "" if section["limit"] is None else f"--limit {section['limit']}"
 
