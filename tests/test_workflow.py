@@ -95,6 +95,12 @@ def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, edit, needles)
 RECORD_DIRS = ("traces", "measured", "simulated", "wrapped")  # result records (not model configs, builds)
 
 
+def _default_sigint():
+    # a shell starts background jobs with SIGINT ignored and exec keeps it ignored (CI may run us that way);
+    # Ctrl-C reaches a terminal's foreground job with the default action, so give Snakemake that
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_once_a_record_exists(tmp_path, timeout=300):
     """Start the tiny study, send SIGINT (as Ctrl-C does, to the whole process group) as soon as the first
     result record lands, and wait for Snakemake to stop. Returns its exit code."""
@@ -102,7 +108,7 @@ def interrupt_once_a_record_exists(tmp_path, timeout=300):
                TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
     proc = subprocess.Popen([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--cores", "2", "--configfile",
                              str(TINY)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + timeout
     try:
         def any_record():
