@@ -142,9 +142,9 @@ def wrapped_row(rec: dict) -> dict:
         skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"), draft_charged=None)
 
 
-def record_row(path) -> dict:
-    """One record file -> one row (MoespacError for a failure record or an unknown kind)."""
-    rec = read_json(path)
+def record_row(path, rec: dict | None = None) -> dict:
+    """One record file (already read: `rec`) -> one row (MoespacError for a failure record or an unknown kind)."""
+    rec = read_json(path) if rec is None else rec
     kind = rec.get("kind")
     if kind == "bench":
         row = bench_row(rec)
@@ -181,8 +181,9 @@ def load_rows(paths) -> pd.DataFrame:
     rows = []
     for p in paths:
         if str(p).endswith(".json"):
-            rows.append(record_row(p))
-            bound = bound_row(rows[-1], read_json(p))
+            rec = read_json(p)
+            rows.append(record_row(p, rec))
+            bound = bound_row(rows[-1], rec)
             if bound:
                 rows.append(bound)
     return pd.DataFrame(rows, columns=COLUMNS)

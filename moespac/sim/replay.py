@@ -130,7 +130,7 @@ class Replay:
         if "future" in self.policy.requires:
             t = self.timing
             self.policy.bind_trace(w.counts[steps], device_by_count=t.device_by_count, host_by_count=t.host_by_count,
-                                   hidden=t.hidden[steps], load=t.load, serial=t.serial, attention=t.attention[steps],
+                                   hidden=t.hidden[steps], load=self.copy_s, serial=t.serial, attention=t.attention[steps],
                                    other=t.other[steps], draft=t.draft[steps])
         gamma = int(w.steps["step_gamma"][steps].max()) if len(steps) else 0
         signals = trace.signals() | SIM_SIGNALS | ({"warmup_counts"} if self.warmup_counts is not None else set())
