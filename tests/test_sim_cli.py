@@ -102,7 +102,10 @@ def test_simulate_the_oracle_itself(trace_path, tmp_path):
     assert main(["simulate", "--trace", str(trace_path), "--policy", "oracle:prefetch=false", "--hardware", "h200",
                  "--cache-ratio", "0.5", "--json", str(out)]) == 0
     rec = json.loads(out.read_text())
-    assert rec["policy"]["options"] == {"prefetch": False} and rec["policy"]["stats"] == {"prefetch": False, "host": True}
+    assert rec["policy"]["options"] == {"prefetch": False}
+    assert rec["policy"]["stats"] == {"prefetch": False, "eager": False, "credit": False, "host": True, "plan": "best"}
+    # every request names the plan it kept (on demand only, static start, static: none prefetches)
+    assert all(q["plan"]["plan"] in ("dynamic", "hybrid", "static") and not q["plan"]["prefetch"] for q in rec["requests"])
     assert rec["metrics"]["tokens_per_s"] <= rec["bounds"]["infinite_cache"]["tokens_per_s"] * (1 + 1e-9)
 
 

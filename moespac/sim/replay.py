@@ -141,19 +141,18 @@ class Replay:
 
     def run(self) -> ReplayResult:
         result = ReplayResult(step_time=self.step_time, step_kind=self.w.steps["step_kind"].copy())
-        busy_before = 0.0
         for r, steps in enumerate(self.w.requests()):
             if r == 0 or not self.warm_cache:
-                if r:
-                    busy_before += self.link.busy
                 self._start_request(steps)
-            before = self.cache.counters.to_dict()
+            before, busy = self.cache.counters.to_dict(), self.link.busy
             for i, s in enumerate(steps):
                 self._step(int(s), i)
             if not self.warm_cache:
                 self.link.close(self.now)
-            result.requests.append(self._request_summary(steps, before, self.cache.counters.to_dict()))
-        result.link_busy_s = busy_before + (self.link.busy if self.w.num_steps else 0.0)
+            summary = self._request_summary(steps, before, self.cache.counters.to_dict())
+            summary["link_busy_s"] = self.link.busy - busy
+            result.requests.append(summary)
+        result.link_busy_s = float(sum(q["link_busy_s"] for q in result.requests))
         return result
 
     # -- one target forward ------------------------------------------------------------------------
@@ -253,5 +252,21 @@ def warmup_window(counts: np.ndarray, step_request: np.ndarray, steps: int | Non
 
 
 def replay(workload: Workload, timing: Timing, policy: Policy, capacity: int, **kw) -> ReplayResult:
-    """Replay `workload` through `policy` with `capacity` device expert slots."""
-    return Replay(workload, timing, policy, capacity, **kw).run()
+    """Replay `workload` through `policy` with `capacity` device expert slots.
+
+    An offline policy (the oracle) may propose several complete plans (`offline_plans()`): each is replayed
+    and every request keeps the fastest, as a planner that knows the whole request can evaluate its options
+    before it commits. Requests start cold, so each request's plan is independent of the others'."""
+    plans = policy.offline_plans() if hasattr(policy, "offline_plans") else [policy]
+    results = [Replay(workload, timing, p, capacity, **kw).run() for p in plans]
+    if len(results) == 1:
+        return results[0]
+    best = ReplayResult(step_time={k: v.copy() for k, v in results[0].step_time.items()},
+                        step_kind=results[0].step_kind)
+    for r, steps in enumerate(workload.requests()):
+        i = min(range(len(plans)), key=lambda i: results[i].requests[r]["latency_s"])  # first minimum on ties
+        for k, v in best.step_time.items():
+            v[steps] = results[i].step_time[k][steps]
+        best.requests.append(dict(results[i].requests[r], plan=plans[i].describe()))
+    best.link_busy_s = float(sum(q["link_busy_s"] for q in best.requests))
+    return best

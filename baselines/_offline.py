@@ -1,0 +1,150 @@
+"""The oracle's offline arithmetic: which experts of a layer run on the device, and the best static placement.
+
+A layer's expert time, for a set D of its active experts on the device (the rest on the host), is the
+simulator's own rule (moespac/sim/replay.py): max(device, host + hidden transfer), or their sum when the
+device is the host CPU, plus one copy per expert of D that is not resident (on-demand loads block).
+
+Device sets are enumerated exactly (every subset) when a layer has at most EXACT_EXPERTS candidates, and
+otherwise taken among the prefixes of the experts ordered by how much the device saves (a heuristic: the
+split is a partition problem). Tests and hand cases are small, so there the choices are exact optima.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+EXACT_EXPERTS = 10
+"""Enumerate all 2^n device sets up to this many experts (1024 sets); beyond it, n + 1 prefixes."""
+STATIC_GRID = 32
+"""Static placement of a layer with more candidates than EXACT_EXPERTS: slot counts tried per layer."""
+
+
+@lru_cache(maxsize=None)
+def all_subsets(n: int) -> np.ndarray:
+    """bool [2^n, n]; row m holds bit i of m in column i (so row m is the set with bitmask m)."""
+    m = np.arange(2**n)
+    return ((m[:, None] >> np.arange(n)[None, :]) & 1).astype(bool)
+
+
+def device_sets(gain: np.ndarray) -> np.ndarray:
+    """bool [K, n] candidate device sets of n experts, each at most once, smallest first: every subset
+    (n <= EXACT_EXPERTS), else the prefixes of the order by `gain` (most device-favoured first)."""
+    n = len(gain)
+    if n <= EXACT_EXPERTS:
+        sets = all_subsets(n)
+        return sets[np.argsort(sets.sum(1), kind="stable")]
+    order = np.argsort(-gain, kind="stable")
+    sets = np.zeros((n + 1, n), dtype=bool)
+    for k in range(1, n + 1):
+        sets[k:, order[k - 1]] = True
+    return sets
+
+
+def layer_times(sets: np.ndarray, d: np.ndarray, h: np.ndarray, x: float, serial: bool,
+                h_fixed: float = 0.0) -> np.ndarray:
+    """[K] expert time of the layer for each device set (no loads): device d, host h, hidden transfer x
+    when any expert runs on the host; h_fixed = host time of experts that never run on the device."""
+    dev = sets.astype(np.float64) @ d
+    off = ~sets
+    host = off.astype(np.float64) @ h + h_fixed
+    host = host + x * (off.any(1) | (h_fixed > 0))
+    return dev + host if serial else np.maximum(dev, host)
+
+
+def static_layer_values(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
+                        serial: bool, max_slots: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One layer, never copying: values[b] = least total expert time over the steps with b experts resident
+    (each step splits its active residents between device and host at its best), and sets[b] the experts.
+
+    counts int [S, E] of this layer; hidden [S]. Only experts the layer ever activates are candidates.
+    Exact (every resident set, every split) with at most EXACT_EXPERTS candidates; otherwise residents are
+    the experts of most total host time, tried at up to STATIC_GRID slot counts, split by prefix."""
+    used = np.flatnonzero((counts > 0).any(0))
+    n = min(len(used), max_slots)
+    d, h = dev_cost[counts[:, used]], host_cost[counts[:, used]]  # [S, n_used]; 0 where inactive
+    active = counts[:, used] > 0
+    if len(used) <= EXACT_EXPERTS:
+        values = _exact_static(active, d, h, hidden, serial)
+        subsets = all_subsets(len(used))
+        sizes = subsets.sum(1)
+        out_v, out_s = [], []
+        for b in range(n + 1):
+            fits = np.flatnonzero(sizes <= b)
+            m = fits[np.argmin(values[fits])]
+            out_v.append(values[m])
+            out_s.append(used[subsets[m]])
+        return np.asarray(out_v), out_s
+    rank = np.argsort(-h.sum(0), kind="stable")
+    grid = np.unique(np.linspace(0, n, STATIC_GRID + 1).round().astype(int))
+    values = np.full(n + 1, np.inf)
+    sets = [used[:0]] * (n + 1)
+    for b in grid:
+        resident = np.zeros(len(used), dtype=bool)
+        resident[rank[:b]] = True
+        values[b] = _prefix_static(active & resident, d, h, hidden, serial).sum()
+        sets[b] = used[rank[:b]]
+    for b in range(1, n + 1):  # a slot count between grid points keeps the smaller grid point's set
+        if values[b] > values[b - 1]:
+            values[b], sets[b] = values[b - 1], sets[b - 1]
+    return values, sets
+
+
+def _exact_static(active, d, h, hidden, serial):
+    """values [2^n]: total time over the steps with resident set = bitmask m, each step at its best split."""
+    S, n = active.shape
+    sets = all_subsets(n)
+    dev = d @ sets.T  # [S, 2^n]: device time if the set ran on the device
+    host = h.sum(1, keepdims=True) - h @ sets.T
+    left = (active[:, None, :] & ~sets[None, :, :]).any(2)  # something of the step stays on the host
+    host = host + hidden[:, None] * left
+    g = dev + host if serial else np.maximum(dev, host)
+    inside = ~(sets[None, :, :] & ~active[:, None, :]).any(2)  # the set only holds active experts
+    g = np.where(inside, g, np.inf)
+    for i in range(n):  # best split within each resident set: min over its subsets (subset-min transform)
+        has = (np.arange(2**n) >> i) & 1 == 1
+        g[:, has] = np.minimum(g[:, has], g[:, np.flatnonzero(has) ^ (1 << i)])
+    return g.sum(0)
+
+
+def _prefix_static(eligible, d, h, hidden, serial):
+    """[S] each step's best prefix split, device candidates = `eligible`, ordered by h - d."""
+    order = np.argsort(-(h - d), axis=1, kind="stable")
+    e = np.take_along_axis(eligible, order, 1)
+    ds = np.take_along_axis(d, order, 1) * e
+    hs = np.take_along_axis(h, order, 1) * e
+    zero = np.zeros((len(d), 1))
+    dev = np.concatenate([zero, np.cumsum(ds, 1)], 1)
+    host = h.sum(1, keepdims=True) - np.concatenate([zero, np.cumsum(hs, 1)], 1)
+    on_dev = np.concatenate([zero, np.cumsum(e, 1)], 1)
+    left = on_dev < (d > 0).sum(1, keepdims=True)  # active experts left on the host
+    host = host + hidden[:, None] * left
+    t = dev + host if serial else np.maximum(dev, host)
+    return t.min(1)
+
+
+def static_placement(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
+                     serial: bool, capacity: int, per_layer_capacity: int | None) -> np.ndarray:
+    """bool [L, E]: the resident set that never copies and minimises the request's expert time (counts int
+    [S, L, E]): each layer's best set per slot count, then slots shared among layers by dynamic programming."""
+    S, L, E = counts.shape
+    per_layer = E if per_layer_capacity is None else per_layer_capacity
+    layers = [static_layer_values(counts[:, l], dev_cost, host_cost, hidden, serial, min(per_layer, capacity))
+              for l in range(L)]
+    C = min(capacity, sum(len(v) - 1 for v, _ in layers))
+    best = np.zeros(C + 1)  # least time of the layers so far with at most c slots
+    choice = np.zeros((L, C + 1), dtype=np.int64)
+    for l, (values, _) in enumerate(layers):
+        b = np.arange(len(values))
+        c = np.arange(C + 1)
+        total = np.where(b[None, :] <= c[:, None], best[np.maximum(c[:, None] - b[None, :], 0)] + values[None, :], np.inf)
+        choice[l] = np.argmin(total, 1)  # first minimum: fewest slots
+        best = total[c, choice[l]]
+    out = np.zeros((L, E), dtype=bool)
+    c = C
+    for l in range(L - 1, -1, -1):
+        b = choice[l, c]
+        out[l, layers[l][1][b]] = True
+        c -= b
+    return out
