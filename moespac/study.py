@@ -52,7 +52,7 @@ METHODS: dict[str, Method] = {
     # references: not in the paper's tables
     "lru": Method("lru", "LRU (reference)", False),
     "lru-sd": Method("lru", "LRU w/ SD (reference)", True),
-    "oracle-sd": Method("oracle", "Belady oracle w/ SD (reference)", True),
+    "oracle-sd": Method("oracle", "Offline oracle w/ SD (reference)", True),
 }
 
 # Table 2 calls the full system "MoE-SpAc (Full)"

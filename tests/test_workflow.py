@@ -163,11 +163,11 @@ def test_tiny_study_end_to_end(tmp_path):
     assert set(cells["timing"]) == {"simulated", "measured", "wrapped"} and cells["model"].notna().all()
     sim = cells[cells["timing"] == "simulated"]
     assert set(sim["hardware"]) == {"rtx4090-pcie4"} and sim["model"].str.startswith("qwen3-30b-a3b experts").all()
-    refs = {"Belady oracle w/ SD (reference)", "Infinite cache w/ SD (bound)"}
+    refs = {"Offline oracle w/ SD (reference)", "Infinite cache w/ SD (bound)"}
     assert set(sim["label"]) == {"llama.cpp", "HybriMoE", "MoE-SpAc"} | refs
     tps = sim.set_index("label")["tps"]
     bound = tps["Infinite cache w/ SD (bound)"]  # of the SD trace: bounds the rows replayed on it
-    assert max(tps["MoE-SpAc"], tps["Belady oracle w/ SD (reference)"]) <= bound * (1 + 1e-9)
+    assert max(tps["MoE-SpAc"], tps["Offline oracle w/ SD (reference)"]) <= bound * (1 + 1e-9)
     md = (figs / "table1.md").read_text()
     assert "simulated on rtx4090-pcie4" in md and " S (paper 27.82)" in md and " M (paper 27.82)" in md
     assert "- simulated draft cost charged to speculative rows: qwen3-4b-fp8 (given)" in md
