@@ -69,10 +69,14 @@ def static_layer_values(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.
         values = _exact_static(active, d, h, hidden, serial)
         subsets = all_subsets(len(used))
         sizes = subsets.sum(1)
+        # among equally fast sets, the one whose experts are first needed soonest: the same time for this
+        # plan, and a better start for the plans that copy later
+        first_use = subsets @ active.argmax(0)
         out_v, out_s = [], []
         for b in range(n + 1):
             fits = np.flatnonzero(sizes <= b)
-            m = fits[np.argmin(values[fits])]
+            ties = fits[values[fits] <= values[fits].min() * (1 + 1e-12)]
+            m = ties[np.argmin(first_use[ties])]
             out_v.append(values[m])
             out_s.append(used[subsets[m]])
         return np.asarray(out_v), out_s

@@ -3,19 +3,19 @@
 A reference point for the simulator only: it reads the request's whole future (signal 'future', given
 by `bind_trace` before `reset`), which no real run has, so in the engine `check_signals` fails naming it.
 
-Three kinds of complete plan. With plan='best' (the default) the simulator replays five of them and
+Four kinds of complete plan. With plan='best' (the default) the simulator replays six of them and
 every request keeps the fastest: offline, a plan can be evaluated before committing to it (`offline_plans`,
 moespac/sim/replay.py). They are: 'dynamic' with eager lookahead prefetch, and on demand only with load
-credit; 'hybrid' with eager lookahead prefetch, and on demand only; 'static'.
+credit; 'hybrid' with eager lookahead prefetch, and on demand only; 'hybrid-early' on demand only; 'static'.
 - 'dynamic': furthest-next-use (Belady) eviction, lookahead prefetch and on-demand loads, starting from the
   soonest-needed experts.
   - Eviction: the candidate whose next use is furthest away (never used again first); ties go to the
-    expert that saves the least by running on the device.
+    expert that saves the least by running on the device, then to the one whose following use is furthest.
   - Prefetch (`prefetch=True`): after each layer, ask for every non-resident expert used within the next
     L layer visits (the requests of a layer expire when it starts, so nothing further is worth asking),
     soonest first, restricted to the `capacity` experts with the soonest next use so a copy never evicts
-    an expert needed before the one it brings, and (costs bound, host allowed) to experts that will run
-    faster on the device than on the host. With the step costs bound, a copy is asked for only if it surely
+    an expert needed before the one it brings, and (costs bound, host allowed) to experts whose layer runs
+    faster with them on the device at that use (`_gain`: concurrency counts, not only device vs host time). With the step costs bound, a copy is asked for only if it surely
     ends before its layer waits for it (behind every outstanding copy, within the fixed time until then), and
     all requests share one priority (FIFO), so no later request delays an earlier one: no layer ever waits.
     `eager=True` drops that check (a copy that makes its layer wait a little can still beat the host).
@@ -29,6 +29,8 @@ credit; 'hybrid' with eager lookahead prefetch, and on demand only; 'static'.
   each layer splitting its active residents between device and host at its best. Exact when every layer
   uses at most 10 experts in the request: then no policy that never copies is faster.
 - 'hybrid' (needs the host): 'dynamic', starting from the static plan's placement.
+- 'hybrid-early' (needs the host): 'dynamic', starting from the static placement of the request's first
+  half (a start that fits the beginning, then copies as the routing moves).
 
 It is a strong reference, not a proven optimum of the dynamic problem (a copy link beside concurrent
 device and host compute is a hard scheduling problem). What is proved is in tests/test_sim_bounds.py.
@@ -44,7 +46,7 @@ from baselines._offline import device_sets, layer_times, static_placement
 from moespac.errors import MoespacError
 from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch
 
-PLANS = ("best", "dynamic", "static", "hybrid")
+PLANS = ("best", "dynamic", "static", "hybrid", "hybrid-early")
 
 
 class Oracle(Policy):
@@ -58,7 +60,7 @@ class Oracle(Policy):
                  credit: bool = False):
         if plan not in PLANS:
             raise MoespacError(f"oracle option plan={plan!r}: expected one of {', '.join(PLANS)}")
-        if plan in ("static", "hybrid") and not host:
+        if plan in ("static", "hybrid", "hybrid-early") and not host:
             raise MoespacError(f"oracle option plan={plan!r} runs non-resident experts on the host: needs host=true")
         self.prefetch, self.host, self.plan, self.eager = bool(prefetch), bool(host), plan, bool(eager)
         self.credit = bool(credit)
@@ -67,14 +69,15 @@ class Oracle(Policy):
 
     def offline_plans(self) -> list["Oracle"]:
         """The complete plans the simulator replays for each request, keeping the fastest. Each one earns its
-        place: without it, some policy beat the oracle on random scenarios (tests/test_sim_bounds.py), or the
-        oracle lost time on a 512-token trace of Qwen3-30B-A3B's shape (eager lookahead from the static start)."""
+        place: without it, some policy beat the oracle on more random scenarios (benchmarks/oracle_gap.py), or
+        the oracle lost time on a 512-token trace of Qwen3-30B-A3B's shape (eager lookahead, static start)."""
         if self.plan != "best":
             return [self]
         if not self.host:  # device only: Belady with careful, eager or no lookahead prefetch
             pf = [Oracle(True, False, "dynamic"), Oracle(True, False, "dynamic", eager=True)] if self.prefetch else []
             return pf + [Oracle(False, False, "dynamic")]
-        plans = [Oracle(False, True, "dynamic", credit=True), Oracle(False, True, "hybrid"), Oracle(False, True, "static")]
+        plans = [Oracle(False, True, "dynamic", credit=True), Oracle(False, True, "hybrid"),
+                 Oracle(False, True, "hybrid-early"), Oracle(False, True, "static")]
         if self.prefetch:
             plans = [Oracle(True, True, "dynamic", eager=True), Oracle(True, True, "hybrid", eager=True)] + plans
         shared: dict = {}  # the static placement of each request, computed once for all plans that start from it
@@ -105,6 +108,9 @@ class Oracle(Policy):
         self.next_step = np.concatenate([np.minimum.accumulate(active_at[::-1], axis=0)[::-1],
                                          np.full((1, L, E), S)], axis=0)
         self.requested = np.zeros((L, E), dtype=bool)
+        if self.host_cost is not None:  # per step and layer: all-host expert time and active experts
+            self._host_all = self.host_cost[self.counts].sum(2)
+            self._n_active = (self.counts > 0).sum(2)
         self.s, self.layer = 0, -1
         self._keys_at = None
         self.wait_at = None
@@ -114,13 +120,14 @@ class Oracle(Policy):
             att, other, draft = self.fixed
             self.step_start = np.r_[0.0, np.cumsum(draft + L * att + other)]
             self.wait_at = (self.step_start[:S, None] + draft[:, None] + att[:, None] * np.arange(1, L + 1)).ravel()
-        if self.plan in ("static", "hybrid"):
+        if self.plan in ("static", "hybrid", "hybrid-early"):
             if self.dev_cost is None or self.host_cost is None or self.hidden is None:
                 raise RuntimeError(f"oracle plan {self.plan!r} needs the simulator's costs (bind_trace)")
-            digest = hashlib.blake2b(self.counts.tobytes() + self.hidden.tobytes()).hexdigest()
-            key = (digest, self.counts.shape, ctx.capacity, ctx.per_layer_capacity)
+            n = max(1, (S + 1) // 2) if self.plan == "hybrid-early" else S
+            digest = hashlib.blake2b(self.counts[:n].tobytes() + self.hidden[:n].tobytes()).hexdigest()
+            key = (digest, n, ctx.capacity, ctx.per_layer_capacity)
             if key not in self._static:
-                self._static[key] = static_placement(self.counts, self.dev_cost, self.host_cost, self.hidden,
+                self._static[key] = static_placement(self.counts[:n], self.dev_cost, self.host_cost, self.hidden[:n],
                                                      self.serial, ctx.capacity, ctx.per_layer_capacity)
             return placement | self._static[key]
         # the initial placement is free (made before the request): the soonest-needed experts
@@ -148,8 +155,12 @@ class Oracle(Policy):
         nxt = self._next_use()
         L, E = nxt.shape
         gain = self._gain(nxt)
-        # rank within the layer by saving (largest first), id on ties; next use dominates (rank < E)
-        rank = np.argsort(np.argsort(-gain, axis=1, kind="stable"), axis=1, kind="stable")
+        # rank within the layer by saving (largest first), then the use after the next (soonest first), then
+        # id; next use dominates (rank < E)
+        S = len(self.next_step) - 1
+        after = self.next_step[np.minimum(nxt // L + 1, S), np.arange(L)[:, None], np.arange(E)[None, :]]
+        order = np.lexsort((np.broadcast_to(np.arange(E), (L, E)), after, -gain), axis=1)
+        rank = np.argsort(order, axis=1, kind="stable")
         keys = nxt * E + rank
         self.never = len(self.next_step) * L * E  # above any real use's key
         useless = nxt >= (len(self.next_step) - 1) * L
@@ -209,13 +220,22 @@ class Oracle(Policy):
         return (keys <= kth) & (keys < self.never)
 
     def _gain(self, nxt: np.ndarray) -> np.ndarray:
-        """float [L, E]: host time minus device time of each expert at its next use (0 without costs)."""
+        """float [L, E]: what running each expert on the device instead of the host saves its layer at its next
+        use, the layer's other experts on the host (0 without costs). Concurrent: the host's share shrinks even
+        when the expert alone is slower on the device, so the saving is (H + x) - max(d, H - h + x')."""
         if self.dev_cost is None or self.host_cost is None:
             return np.zeros(nxt.shape)
-        L = nxt.shape[0]
+        L, E = nxt.shape
         step = np.minimum(nxt // L, len(self.counts) - 1)
-        c = self.counts[step, np.arange(L)[:, None], np.arange(nxt.shape[1])[None, :]]
-        return self.host_cost[c] - self.dev_cost[c]
+        layer = np.arange(L)[:, None]
+        c = self.counts[step, layer, np.arange(E)[None, :]]
+        d, h = self.dev_cost[c], self.host_cost[c]
+        x = self.hidden[step] if self.hidden is not None else np.zeros(nxt.shape)
+        others = self._n_active[step, layer] > 1  # someone else stays on the host (so does the hidden transfer)
+        if self.serial:
+            return h - d + np.where(others, 0.0, x)
+        H = self._host_all[step, layer]
+        return H + x - np.maximum(d, H - h + np.where(others, x, 0.0))
 
     # -- hooks -------------------------------------------------------------------------------------
     def begin_step(self, step, cache):

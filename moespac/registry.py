@@ -81,3 +81,10 @@ def make_policy(spec: str) -> Policy:
             allowed = sorted(k for k in params if k != "self")
             raise MoespacError(f"policy {name!r} has no option {key!r}; options: {', '.join(allowed) or 'none'}")
     return cls(**kwargs)
+
+
+def policies_runnable_with(signals) -> list[str]:
+    """Registered policy names whose needs (the draft, other signals) `signals` meets, sorted."""
+    available = set(signals)
+    return sorted(name for name, cls in policies().items()
+                  if not (cls.needs_draft and "draft" not in available) and set(cls.requires) <= available)

@@ -1,4 +1,5 @@
-"""Synthetic activation traces with temporal locality (tests and the replay-speed benchmark).
+"""Synthetic activation traces with temporal locality (tests and the replay-speed benchmark), and small
+random scenarios with their costs (the bounds' property tests and benchmarks/oracle_gap.py).
 
 Not a model of any real router: each layer has a fixed expert popularity (normal logits of scale
 `skew`) plus a drifting AR(1) part (correlation `persistence` from one step to the next); each token
@@ -12,6 +13,8 @@ import numpy as np
 
 from moespac.models.registry import ModelSpec
 from moespac.policy import Topology
+from moespac.sim.cost import Timing
+from moespac.sim.workload import Workload, make_workload
 from moespac.trace import KINDS, SCHEMA_VERSION, Trace
 
 
@@ -92,3 +95,39 @@ def hand_trace(topology: Topology, steps: list[tuple[str, int, int, list]], trac
             rec.layer(layer, ids[:, layer], np.full(ids[:, layer].shape, 1.0 / topology.top_k), None, 0.0)
         rec.end(min(emitted - 1, gamma) if kind == "verify" else 0, emitted, 0.0, 0.0)
     return rec.finish(trace_id=trace_id)
+
+
+def toy_scenario(rng: np.random.Generator, L: int, E: int, k: int, n_steps: int, requests: int, gamma: int,
+                 d0: float, d1: float, h0: float, h1: float, load: float, serial: bool) -> tuple[Workload, Timing]:
+    """A small random workload and its costs: `requests` requests of `n_steps` steps (a one-token prefill,
+    then verify steps of gamma + 1 tokens, or AR steps), uniformly random top-k routing, fixed costs per step
+    uniform in [0, 1), expert time affine in the routing count c (device d0 + 0.2 d1 c, host h0 + h1 c)."""
+    steps, request_of_step = [], []
+    for r in range(requests):
+        for s in range(n_steps):
+            tokens = 1 if s == 0 or gamma == 0 else gamma + 1
+            kind = "prefill" if s == 0 else ("verify" if gamma else "ar")
+            ids = [[rng.permutation(E)[:k].tolist() for _ in range(L)] for _ in range(tokens)]
+            steps.append((kind, gamma if kind == "verify" else 0, 1, ids))
+            request_of_step.append(r)
+    topo = Topology(L, E, k)
+    workload = make_workload(hand_trace(topo, steps, request_of_step=request_of_step), toy_spec(topo))
+    S = len(steps)
+    c = np.arange(int(workload.counts.max()) + 1)
+    timing = Timing(draft=rng.uniform(0, 1, S) * (workload.steps["step_gamma"] > 0), attention=rng.uniform(0, 1, S),
+                    other=rng.uniform(0, 1, S), device_by_count=np.where(c > 0, d0 + 0.2 * d1 * c, 0.0),
+                    host_by_count=np.where(c > 0, h0 + h1 * c, 0.0), hidden=rng.uniform(0, 1, S),
+                    load=load, expert_bytes=1, serial=serial)
+    return workload, timing
+
+
+def random_toy_scenario(seed: int) -> tuple[Workload, Timing, int]:
+    """toy_scenario with every parameter drawn from `seed`, over the property tests' ranges; + a capacity."""
+    rng = np.random.default_rng(seed)
+    L, E = int(rng.integers(1, 4)), int(rng.integers(2, 6))
+    k = int(rng.integers(1, min(2, E) + 1))
+    n_steps, requests, gamma = int(rng.integers(1, 6)), int(rng.integers(1, 3)), int(rng.integers(0, 3))
+    d0, d1, h0, h1 = rng.uniform(0.05, 3.0, 4)
+    load, serial, capacity = float(rng.uniform(0.05, 8.0)), bool(rng.integers(0, 2)), int(rng.integers(0, L * E + 1))
+    workload, timing = toy_scenario(rng, L, E, k, n_steps, requests, gamma, d0, d1, h0, h1, load, serial)
+    return workload, timing, capacity
