@@ -15,6 +15,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from moespac.sim.cost import expert_wall
+
 EXACT_EXPERTS = 10
 """Enumerate all 2^n device sets up to this many experts (1024 sets); beyond it, n + 1 prefixes."""
 STATIC_GRID = 32
@@ -28,13 +30,19 @@ def all_subsets(n: int) -> np.ndarray:
     return ((m[:, None] >> np.arange(n)[None, :]) & 1).astype(bool)
 
 
+@lru_cache(maxsize=None)
+def subsets_by_size(n: int) -> np.ndarray:
+    """all_subsets(n), smallest sets first."""
+    sets = all_subsets(n)
+    return sets[np.argsort(sets.sum(1), kind="stable")]
+
+
 def device_sets(gain: np.ndarray) -> np.ndarray:
     """bool [K, n] candidate device sets of n experts, each at most once, smallest first: every subset
     (n <= EXACT_EXPERTS), else the prefixes of the order by `gain` (most device-favoured first)."""
     n = len(gain)
     if n <= EXACT_EXPERTS:
-        sets = all_subsets(n)
-        return sets[np.argsort(sets.sum(1), kind="stable")]
+        return subsets_by_size(n)
     order = np.argsort(-gain, kind="stable")
     sets = np.zeros((n + 1, n), dtype=bool)
     for k in range(1, n + 1):
@@ -50,7 +58,7 @@ def layer_times(sets: np.ndarray, d: np.ndarray, h: np.ndarray, x: float, serial
     off = ~sets
     host = off.astype(np.float64) @ h + h_fixed
     host = host + x * (off.any(1) | (h_fixed > 0))
-    return dev + host if serial else np.maximum(dev, host)
+    return expert_wall(dev, host, serial)
 
 
 def static_layer_values(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
@@ -103,7 +111,7 @@ def _exact_static(active, d, h, hidden, serial):
     host = h.sum(1, keepdims=True) - h @ sets.T
     left = (active[:, None, :] & ~sets[None, :, :]).any(2)  # something of the step stays on the host
     host = host + hidden[:, None] * left
-    g = dev + host if serial else np.maximum(dev, host)
+    g = expert_wall(dev, host, serial)
     inside = ~(sets[None, :, :] & ~active[:, None, :]).any(2)  # the set only holds active experts
     g = np.where(inside, g, np.inf)
     for i in range(n):  # best split within each resident set: min over its subsets (subset-min transform)
@@ -124,8 +132,7 @@ def _prefix_static(eligible, d, h, hidden, serial):
     on_dev = np.concatenate([zero, np.cumsum(e, 1)], 1)
     left = on_dev < (d > 0).sum(1, keepdims=True)  # active experts left on the host
     host = host + hidden[:, None] * left
-    t = dev + host if serial else np.maximum(dev, host)
-    return t.min(1)
+    return expert_wall(dev, host, serial).min(1)
 
 
 def static_placement(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,

@@ -46,7 +46,9 @@ from baselines._offline import device_sets, layer_times, static_placement
 from moespac.errors import MoespacError
 from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch
 
-PLANS = ("best", "dynamic", "static", "hybrid", "hybrid-early")
+# plans that start from a static placement -> the share of the request (its first steps) it is fitted to
+STATIC_STARTS = {"static": 1.0, "hybrid": 1.0, "hybrid-early": 0.5}
+PLANS = ("best", "dynamic") + tuple(STATIC_STARTS)
 
 
 class Oracle(Policy):
@@ -60,7 +62,7 @@ class Oracle(Policy):
                  credit: bool = False):
         if plan not in PLANS:
             raise MoespacError(f"oracle option plan={plan!r}: expected one of {', '.join(PLANS)}")
-        if plan in ("static", "hybrid", "hybrid-early") and not host:
+        if plan in STATIC_STARTS and not host:
             raise MoespacError(f"oracle option plan={plan!r} runs non-resident experts on the host: needs host=true")
         self.prefetch, self.host, self.plan, self.eager = bool(prefetch), bool(host), plan, bool(eager)
         self.credit = bool(credit)
@@ -120,10 +122,10 @@ class Oracle(Policy):
             att, other, draft = self.fixed
             self.step_start = np.r_[0.0, np.cumsum(draft + L * att + other)]
             self.wait_at = (self.step_start[:S, None] + draft[:, None] + att[:, None] * np.arange(1, L + 1)).ravel()
-        if self.plan in ("static", "hybrid", "hybrid-early"):
+        if self.plan in STATIC_STARTS:
             if self.dev_cost is None or self.host_cost is None or self.hidden is None:
                 raise RuntimeError(f"oracle plan {self.plan!r} needs the simulator's costs (bind_trace)")
-            n = max(1, (S + 1) // 2) if self.plan == "hybrid-early" else S
+            n = max(1, int(np.ceil(STATIC_STARTS[self.plan] * S)))
             digest = hashlib.blake2b(self.counts[:n].tobytes() + self.hidden[:n].tobytes()).hexdigest()
             key = (digest, n, ctx.capacity, ctx.per_layer_capacity)
             if key not in self._static:

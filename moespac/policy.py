@@ -184,6 +184,11 @@ class Policy:
         """Per-request statistics the policy wants in the result record (e.g. tau per layer)."""
         return {}
 
+    def offline_plans(self) -> list["Policy"]:
+        """Complete plans the simulator replays, keeping the fastest per request. Only a policy that knows the
+        whole request (the offline oracle) can evaluate its options before committing; others are one plan."""
+        return [self]
+
 
 def check_signals(policy: Policy, available) -> None:
     """Fail with the name of the first signal the policy needs and the run does not provide."""

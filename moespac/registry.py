@@ -11,7 +11,7 @@ import inspect
 import pkgutil
 
 from moespac.errors import MoespacError
-from moespac.policy import Policy
+from moespac.policy import Policy, check_signals
 
 _EXTRA_MODULES = ("moespac.scheduler",)
 
@@ -85,6 +85,11 @@ def make_policy(spec: str) -> Policy:
 
 def policies_runnable_with(signals) -> list[str]:
     """Registered policy names whose needs (the draft, other signals) `signals` meets, sorted."""
-    available = set(signals)
-    return sorted(name for name, cls in policies().items()
-                  if not (cls.needs_draft and "draft" not in available) and set(cls.requires) <= available)
+    out = []
+    for name, cls in sorted(policies().items()):
+        try:
+            check_signals(cls, signals)  # the check a run makes at reset, on the class's declared needs
+        except MoespacError:
+            continue
+        out.append(name)
+    return out

@@ -26,7 +26,7 @@ import numpy as np
 from moespac.cache import ExpertCache, PrefetchQueue
 from moespac.errors import MoespacError
 from moespac.policy import Policy, PolicyContext, StepInfo, UnitCosts
-from moespac.sim.cost import Timing
+from moespac.sim.cost import Timing, expert_wall
 from moespac.sim.link import CopyLink
 from moespac.sim.workload import Workload
 
@@ -91,7 +91,7 @@ def _layer_expert_time(timing: Timing, dev_cost, host_cost, on_device, host_mask
     host = float(host_cost[host_mask].sum())
     if on_host:
         host += hidden_s
-    return dev, host, (dev + host if timing.serial else max(dev, host))
+    return dev, host, float(expert_wall(dev, host, timing.serial))
 
 
 class Replay:
@@ -254,10 +254,10 @@ def warmup_window(counts: np.ndarray, step_request: np.ndarray, steps: int | Non
 def replay(workload: Workload, timing: Timing, policy: Policy, capacity: int, **kw) -> ReplayResult:
     """Replay `workload` through `policy` with `capacity` device expert slots.
 
-    An offline policy (the oracle) may propose several complete plans (`offline_plans()`): each is replayed
+    An offline policy (the oracle) may propose several complete plans (`Policy.offline_plans`): each is replayed
     and every request keeps the fastest, as a planner that knows the whole request can evaluate its options
     before it commits. Requests start cold, so each request's plan is independent of the others'."""
-    plans = policy.offline_plans() if hasattr(policy, "offline_plans") else [policy]
+    plans = policy.offline_plans()
     results = [Replay(workload, timing, p, capacity, **kw).run() for p in plans]
     if len(results) == 1:
         return results[0]
