@@ -3,10 +3,11 @@
 A reference point for the simulator only: it reads the request's whole future (signal 'future', given
 by `bind_trace` before `reset`), which no real run has, so in the engine `check_signals` fails naming it.
 
-Four kinds of complete plan. With plan='best' (the default) the simulator replays six of them and
+Five kinds of complete plan. With plan='best' (the default) the simulator replays up to seven of them and
 every request keeps the fastest: offline, a plan can be evaluated before committing to it (`offline_plans`,
 moespac/sim/replay.py). They are: 'dynamic' with eager lookahead prefetch, and on demand only with load
-credit; 'hybrid' with eager lookahead prefetch, and on demand only; 'hybrid-early' on demand only; 'static'.
+credit; 'hybrid' with eager lookahead prefetch, and on demand only; 'hybrid-early' on demand only; 'static';
+and 'exact' when the cache is small enough for its search.
 - 'dynamic': furthest-next-use (Belady) eviction, lookahead prefetch and on-demand loads, starting from the
   soonest-needed experts.
   - Eviction: the candidate whose next use is furthest away (never used again first); ties go to the
@@ -31,6 +32,9 @@ credit; 'hybrid' with eager lookahead prefetch, and on demand only; 'hybrid-earl
 - 'hybrid' (needs the host): 'dynamic', starting from the static plan's placement.
 - 'hybrid-early' (needs the host): 'dynamic', starting from the static placement of the request's first
   half (a start that fits the beginning, then copies as the routing moves).
+- 'exact' (needs the host and a shared slot pool): the least-time plan that never prefetches, found by
+  dynamic programming over cache states (baselines/_exact.py); offered when the states are few enough
+  (`_exact.fits`): then no policy that only loads on demand (lru, lfu, Mixtral-Offloading, ...) is faster.
 
 It is a strong reference, not a proven optimum of the dynamic problem (a copy link beside concurrent
 device and host compute is a hard scheduling problem). What is proved is in tests/test_sim_bounds.py.
@@ -42,13 +46,14 @@ import hashlib
 
 import numpy as np
 
+from baselines import _exact
 from baselines._offline import device_sets, layer_times, static_placement
 from moespac.errors import MoespacError
 from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch
 
 # plans that start from a static placement -> the share of the request (its first steps) it is fitted to
 STATIC_STARTS = {"static": 1.0, "hybrid": 1.0, "hybrid-early": 0.5}
-PLANS = ("best", "dynamic") + tuple(STATIC_STARTS)
+PLANS = ("best", "dynamic", "exact") + tuple(STATIC_STARTS)
 
 
 class Oracle(Policy):
@@ -62,17 +67,18 @@ class Oracle(Policy):
                  credit: bool = False):
         if plan not in PLANS:
             raise MoespacError(f"oracle option plan={plan!r}: expected one of {', '.join(PLANS)}")
-        if plan in STATIC_STARTS and not host:
+        if (plan in STATIC_STARTS or plan == "exact") and not host:
             raise MoespacError(f"oracle option plan={plan!r} runs non-resident experts on the host: needs host=true")
         self.prefetch, self.host, self.plan, self.eager = bool(prefetch), bool(host), plan, bool(eager)
         self.credit = bool(credit)
         self.counts = None
         self._static: dict = {}
 
-    def offline_plans(self) -> list["Oracle"]:
+    def offline_plans(self, topology, capacity: int, per_layer_capacity: int | None) -> list["Oracle"]:
         """The complete plans the simulator replays for each request, keeping the fastest. Each one earns its
         place: without it, some policy beat the oracle on more random scenarios (benchmarks/oracle_gap.py), or
-        the oracle lost time on a 512-token trace of Qwen3-30B-A3B's shape (eager lookahead, static start)."""
+        the oracle lost time on a 512-token trace of Qwen3-30B-A3B's shape (eager lookahead, static start).
+        'exact' joins them when the cache is small enough for its search (baselines/_exact.py)."""
         if self.plan != "best":
             return [self]
         if not self.host:  # device only: Belady with careful, eager or no lookahead prefetch
@@ -82,6 +88,8 @@ class Oracle(Policy):
                  Oracle(False, True, "hybrid-early"), Oracle(False, True, "static")]
         if self.prefetch:
             plans = [Oracle(True, True, "dynamic", eager=True), Oracle(True, True, "hybrid", eager=True)] + plans
+        if per_layer_capacity is None and _exact.fits(topology.num_layers, topology.num_experts, capacity):
+            plans.append(Oracle(False, True, "exact"))
         shared: dict = {}  # the static placement of each request, computed once for all plans that start from it
         for plan in plans:
             plan._static = shared
@@ -122,6 +130,18 @@ class Oracle(Policy):
             att, other, draft = self.fixed
             self.step_start = np.r_[0.0, np.cumsum(draft + L * att + other)]
             self.wait_at = (self.step_start[:S, None] + draft[:, None] + att[:, None] * np.arange(1, L + 1)).ravel()
+        if self.plan == "exact":
+            if self.dev_cost is None or self.host_cost is None or self.hidden is None or self.load_s is None:
+                raise RuntimeError("oracle plan 'exact' needs the simulator's costs (bind_trace)")
+            if ctx.per_layer_capacity is not None:
+                raise MoespacError("oracle plan 'exact' needs a shared slot pool (no per-layer capacity)")
+            topo = ctx.topology
+            if not _exact.fits(topo.num_layers, topo.num_experts, ctx.capacity):
+                raise MoespacError(f"oracle plan 'exact': {topo.num_layers} x {topo.num_experts} experts in "
+                                   f"{ctx.capacity} slots have more than {_exact.MAX_STATES} cache states")
+            self.schedule = _exact.exact_on_demand(self.counts, self.dev_cost, self.host_cost, self.hidden,
+                                                   self.load_s, self.serial, ctx.capacity)
+            return placement | self.schedule.start
         if self.plan in STATIC_STARTS:
             if self.dev_cost is None or self.host_cost is None or self.hidden is None:
                 raise RuntimeError(f"oracle plan {self.plan!r} needs the simulator's costs (bind_trace)")
@@ -173,13 +193,27 @@ class Oracle(Policy):
     def victim(self, candidates, cache):
         if not candidates.any() or self.plan == "static":
             return None
+        if self.plan == "exact":
+            return self._planned_victim(candidates)
         keys = np.where(candidates, self._keys(), -1)
         return divmod(int(np.argmax(keys)), keys.shape[1])
+
+    def _planned_victim(self, candidates):
+        """The exact plan's eviction: an expert never used again in the request first (its slot is free in
+        effect), then the plan's victims of this layer visit in order."""
+        L = candidates.shape[0]
+        never = candidates & (self._next_use() >= (len(self.next_step) - 1) * L)
+        if never.any():
+            return divmod(int(np.flatnonzero(never)[0]), candidates.shape[1])
+        for i, (layer, expert) in enumerate(self._victims):
+            if candidates[layer, expert]:
+                return self._victims.pop(i)
+        return None  # the replay left the plan (cannot happen: the plan is checked against the replay in tests)
 
     def _window(self, cache) -> list[Prefetch]:
         """Prefetches for the non-resident experts used in the next L layer visits that are among the
         `capacity` soonest-needed ones (and worth a slot), soonest first."""
-        if not self.prefetch or self.ctx.capacity == 0 or self.plan == "static":
+        if not self.prefetch or self.ctx.capacity == 0 or self.plan in ("static", "exact"):
             return []
         L, E = self.requested.shape
         keys = self._keys()
@@ -251,6 +285,11 @@ class Oracle(Policy):
         resident = cache.resident[layer, active]
         if not self.host or self.dev_cost is None or self.host_cost is None:
             return LayerPlan(load=active[~resident])
+        if self.plan == "exact":
+            visit = self.s * self.requested.shape[0] + layer
+            self._victims = list(self.schedule.victims[visit])
+            return LayerPlan(load=np.asarray(self.schedule.loads[visit], dtype=np.int64),
+                             host=np.asarray(self.schedule.host[visit], dtype=np.int64))
         if self.plan == "static":  # never copies: only the active residents may run on the device
             return self._best_split(layer, counts, active[resident], np.ones(int(resident.sum()), bool), cache,
                                     host=active[~resident])

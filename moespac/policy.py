@@ -184,7 +184,7 @@ class Policy:
         """Per-request statistics the policy wants in the result record (e.g. tau per layer)."""
         return {}
 
-    def offline_plans(self) -> list["Policy"]:
+    def offline_plans(self, topology: Topology, capacity: int, per_layer_capacity: int | None) -> list["Policy"]:
         """Complete plans the simulator replays, keeping the fastest per request. Only a policy that knows the
         whole request (the offline oracle) can evaluate its options before committing; others are one plan."""
         return [self]

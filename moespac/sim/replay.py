@@ -257,7 +257,7 @@ def replay(workload: Workload, timing: Timing, policy: Policy, capacity: int, **
     An offline policy (the oracle) may propose several complete plans (`Policy.offline_plans`): each is replayed
     and every request keeps the fastest, as a planner that knows the whole request can evaluate its options
     before it commits. Requests start cold, so each request's plan is independent of the others'."""
-    plans = policy.offline_plans()
+    plans = policy.offline_plans(workload.topology, capacity, kw.get("per_layer_capacity"))
     results = [Replay(workload, timing, p, capacity, **kw).run() for p in plans]
     if len(results) == 1:
         return results[0]

@@ -1,0 +1,162 @@
+"""The least-time on-demand schedule of one request, by dynamic programming over cache states (small problems).
+
+The class it is exact for: plans that never prefetch (every copy is a blocking on-demand load at the layer that
+uses the expert), on a shared slot pool, under the simulator's rules (moespac/sim/replay.py). Then a layer visit
+costs its loads (one copy each, back to back on the idle link) plus the expert phase of the device set it picks
+among its resident active experts, and the fixed costs (draft, attention, the rest) do not depend on the plan.
+
+State before a visit: the set of resident experts that are used again in the request. An expert never used
+again holds a slot that is free in effect: it is never in use, so it can always be evicted at no cost; the
+replay evicts such experts first. Transition at a visit with active set A from state C: load N (a subset of
+A's misses), evict V (residents not in A, as the replay freezes A's residents) when the loads need more slots
+than are free, and run the best device set within (C & A) | N. The start placement is free: every subset of
+at most `capacity` used experts (only the full set when all used experts fit, which then never loads).
+
+Work grows with the number of states, sum_{j <= capacity} C(used experts, j): `fits` gates it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from math import comb
+
+import numpy as np
+
+from baselines._offline import all_subsets
+from moespac.sim.cost import expert_wall
+
+MAX_STATES = 4096
+"""Largest number of cache states the search takes on (a few seconds per request at most)."""
+
+
+def state_count(experts: int, capacity: int) -> int:
+    """Cache states of `experts` candidates in `capacity` slots: sum_{j <= capacity} C(experts, j)."""
+    if capacity >= experts:
+        return 1
+    return sum(comb(experts, j) for j in range(capacity + 1))
+
+
+def fits(num_layers: int, num_experts: int, capacity: int) -> bool:
+    """Whether every request of this topology and capacity is small enough for the exact search."""
+    return state_count(num_layers * num_experts, capacity) <= MAX_STATES
+
+
+@dataclass
+class Schedule:
+    """What the exact search decided; visits are numbered step * L + layer."""
+
+    start: np.ndarray
+    """bool [L, E] placement before the request."""
+    loads: dict = field(default_factory=dict)
+    """visit -> experts of the layer loaded on demand."""
+    host: dict = field(default_factory=dict)
+    """visit -> active experts of the layer run on the host (resident or not)."""
+    victims: dict = field(default_factory=dict)
+    """visit -> (layer, expert) residents evicted for the loads, after any expert never used again."""
+    expert_s: float = 0.0
+    """Expert phases plus on-demand loads of the whole request (the plan-dependent part of its time)."""
+
+
+def exact_on_demand(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
+                    load: float, serial: bool, capacity: int) -> Schedule:
+    """The least-time schedule that never prefetches. counts int [S, L, E]; dev_cost / host_cost: expert time
+    by routing count; hidden [S]: host transfer of the step when any expert of a layer runs on the host."""
+    S, L, E = counts.shape
+    active = counts > 0
+    used_at = [_mask(active[p // L, p % L], p % L, E) for p in range(S * L)]
+    future = [0] * (S * L + 1)  # future[p]: experts used at visit p or later
+    for p in range(S * L - 1, -1, -1):
+        future[p] = future[p + 1] | used_at[p]
+    used = _bits(future[0])
+    if capacity >= len(used):
+        starts = [future[0]]
+    else:
+        starts = [sum(1 << b for b in c) for j in range(capacity + 1) for c in itertools.combinations(used, j)]
+    cur = {c: 0.0 for c in starts}
+    back = []  # per visit: next state -> (state, loads, device set, victims)
+    for p in range(S * L):
+        s, layer = divmod(p, L)
+        A, keep = used_at[p], future[p + 1]
+        best_t, best_wall = _best_device_sets(counts[s, layer], active[s, layer], dev_cost, host_cost,
+                                              float(hidden[s]), serial)
+        local = {m: _compress(m, A) for m in _submasks(A)}
+        nxt, how = {}, {}
+        for C, v in cur.items():
+            H, miss, ev = C & A, A & ~C, C & ~A
+            free = capacity - C.bit_count()
+            ev_bits = _bits(ev)
+            for N in _submasks(miss):
+                n = N.bit_count()
+                need = n - free
+                if need > len(ev_bits):
+                    continue
+                r = local[H | N]
+                cost = v + n * load + best_wall[r]
+                base = (C | N) & keep
+                choices = [()] if need <= 0 else itertools.combinations(ev_bits, need)
+                for V in choices:
+                    c2 = base & ~sum(1 << b for b in V)
+                    if cost < nxt.get(c2, np.inf):
+                        nxt[c2], how[c2] = cost, (C, N, best_t[r], V)
+        cur = nxt
+        back.append(how)
+    state = min(cur, key=cur.get)
+    out = Schedule(start=np.zeros((L, E), dtype=bool), expert_s=float(cur[state]))
+    for p in range(S * L - 1, -1, -1):
+        C, N, T, V = back[p][state]
+        layer = p % L
+        A = used_at[p]
+        on_device = [b for i, b in enumerate(_bits(A)) if T >> i & 1]
+        out.loads[p] = [b - layer * E for b in _bits(N)]
+        out.host[p] = [b - layer * E for b in _bits(A) if b not in on_device]
+        out.victims[p] = [divmod(b, E) for b in V]
+        state = C
+    for b in _bits(state):
+        out.start[divmod(b, E)] = True
+    return out
+
+
+def _best_device_sets(counts, active, dev_cost, host_cost, hidden, serial):
+    """For every subset R of the layer's active experts (local bitmask over them in expert order): the device
+    set T within R of least expert time (local bitmask) and that time; the rest run on the host."""
+    experts = np.flatnonzero(active)
+    n = len(experts)
+    sets = all_subsets(n)
+    d, h = dev_cost[counts[experts]], host_cost[counts[experts]]
+    dev = sets @ d
+    host = h.sum() - sets @ h + hidden * ~sets.all(1)
+    wall = expert_wall(dev, host, serial)
+    best_t = np.arange(2**n)
+    best = wall.copy()
+    for R in range(2**n):  # min over the subsets of R: subsets are smaller numbers, so already final
+        sub = (R - 1) & R
+        while sub:
+            if wall[sub] < best[R]:
+                best[R], best_t[R] = wall[sub], sub
+            sub = (sub - 1) & R
+        if wall[0] < best[R]:
+            best[R], best_t[R] = wall[0], 0
+    return best_t.tolist(), best.tolist()
+
+
+def _mask(row: np.ndarray, layer: int, E: int) -> int:
+    return sum(1 << (layer * E + int(e)) for e in np.flatnonzero(row))
+
+
+def _bits(m: int) -> list[int]:
+    return [i for i in range(m.bit_length()) if m >> i & 1]
+
+
+def _submasks(m: int):
+    sub = m
+    while True:
+        yield sub
+        if sub == 0:
+            return
+        sub = (sub - 1) & m
+
+
+def _compress(m: int, within: int) -> int:
+    """m's bits as a local bitmask over the set bits of `within` (lowest first)."""
+    return sum(1 << i for i, b in enumerate(_bits(within)) if m >> b & 1)
