@@ -138,7 +138,7 @@ class Oracle(Policy):
             topo = ctx.topology
             if not _exact.fits(topo.num_layers, topo.num_experts, ctx.capacity):
                 raise MoespacError(f"oracle plan 'exact': {topo.num_layers} x {topo.num_experts} experts in "
-                                   f"{ctx.capacity} slots have more than {_exact.MAX_STATES} cache states")
+                                   f"{ctx.capacity} slots are too many for its search (baselines/_exact.py, MAX_WORK)")
             self.schedule = _exact.exact_on_demand(self.counts, self.dev_cost, self.host_cost, self.hidden,
                                                    self.load_s, self.serial, ctx.capacity)
             return placement | self.schedule.start

@@ -13,10 +13,10 @@ Proved (and property-tested on random traces, costs and capacities):
      largest set of experts one layer activates (so no load is refused): both load every miss on demand
      and run everything on the device, so time = fixed + loads x copy time, and furthest-next-use
      eviction minimises loads (Belady).
-  5. oracle <= every policy that never prefetches (lru, lfu, Mixtral-Offloading, all-host, ...) when the cache
-     has at most baselines._exact.MAX_STATES states: the 'exact' plan is the least-time on-demand schedule,
-     found by dynamic programming over cache states; checked here against brute force over every decision
-     sequence, and against the replay's own timeline.
+  5. oracle <= every policy that never prefetches (lru, lfu, Mixtral-Offloading, all-host, ...) when the
+     search fits (baselines._exact.fits: cache states x 2^experts per layer <= MAX_WORK): the 'exact' plan is
+     the least-time on-demand schedule, found by dynamic programming over cache states; checked here against
+     brute force over every decision sequence, and against the replay's own timeline.
 Measured, not proved: "oracle <= every implemented policy" (the prefetching ones too). The optimal offline
 schedule of one copy link beside concurrent device and host compute is a hard scheduling problem; the oracle
 is the fastest of up to seven complete plans (baselines/oracle.py: Belady eviction with eager lookahead
@@ -207,7 +207,7 @@ def test_oracle_options_are_checked():
     with pytest.raises(MoespacError, match="needs host=true"):
         make_policy("oracle:plan=exact,host=false")
     workload, timing = toy_scenario(np.random.default_rng(0), 3, 8, 2, 2, 1, 1, 1, 1, 1, 1, 1, False)
-    with pytest.raises(MoespacError, match="more than 4096 cache states"):
+    with pytest.raises(MoespacError, match="too many for its search"):
         replay(workload, timing, make_policy("oracle:plan=exact"), 12)
 
 
