@@ -24,7 +24,7 @@ from math import comb
 
 import numpy as np
 
-from baselines._offline import all_subsets
+from baselines._offline import all_subsets, subset_min
 from moespac.sim.cost import expert_wall
 
 MAX_WORK = 2**17
@@ -128,17 +128,7 @@ def _best_device_sets(counts, active, dev_cost, host_cost, hidden, serial):
     d, h = dev_cost[counts[experts]], host_cost[counts[experts]]
     dev = sets @ d
     host = h.sum() - sets @ h + hidden * ~sets.all(1)
-    wall = expert_wall(dev, host, serial)
-    best_t = np.arange(2**n)
-    best = wall.copy()
-    for R in range(2**n):  # min over the subsets of R: subsets are smaller numbers, so already final
-        sub = (R - 1) & R
-        while sub:
-            if wall[sub] < best[R]:
-                best[R], best_t[R] = wall[sub], sub
-            sub = (sub - 1) & R
-        if wall[0] < best[R]:
-            best[R], best_t[R] = wall[0], 0
+    best, best_t = subset_min(expert_wall(dev, host, serial))
     return best_t.tolist(), best.tolist()
 
 

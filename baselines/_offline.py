@@ -50,6 +50,19 @@ def device_sets(gain: np.ndarray) -> np.ndarray:
     return sets
 
 
+def subset_min(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """g [..., 2^n] indexed by bitmask: for every set m, the least g over the subsets of m and the subset that
+    attains it (ties keep the larger set). One pass per bit (the subset-min transform)."""
+    n = g.shape[-1].bit_length() - 1
+    best, arg = g.copy(), np.broadcast_to(np.arange(2**n), g.shape).copy()
+    for i in range(n):
+        has = np.flatnonzero((np.arange(2**n) >> i) & 1)
+        smaller = best[..., has ^ (1 << i)] < best[..., has]
+        best[..., has] = np.where(smaller, best[..., has ^ (1 << i)], best[..., has])
+        arg[..., has] = np.where(smaller, arg[..., has ^ (1 << i)], arg[..., has])
+    return best, arg
+
+
 def layer_times(sets: np.ndarray, d: np.ndarray, h: np.ndarray, x: float, serial: bool,
                 h_fixed: float = 0.0) -> np.ndarray:
     """[K] expert time of the layer for each device set (no loads): device d, host h, hidden transfer x
@@ -114,10 +127,7 @@ def _exact_static(active, d, h, hidden, serial):
     g = expert_wall(dev, host, serial)
     inside = ~(sets[None, :, :] & ~active[:, None, :]).any(2)  # the set only holds active experts
     g = np.where(inside, g, np.inf)
-    for i in range(n):  # best split within each resident set: min over its subsets (subset-min transform)
-        has = (np.arange(2**n) >> i) & 1 == 1
-        g[:, has] = np.minimum(g[:, has], g[:, np.flatnonzero(has) ^ (1 << i)])
-    return g.sum(0)
+    return subset_min(g)[0].sum(0)  # best split within each resident set
 
 
 def _prefix_static(eligible, d, h, hidden, serial):
