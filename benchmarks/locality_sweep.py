@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 from tqdm import tqdm
 
 from moespac.atomic import write_json
 from moespac.errors import MoespacError
+from moespac.models.proxy_stats import decode_counts, locality
 from moespac.models.registry import get_spec
 from moespac.policy import Topology, check_signals
 from moespac.registry import make_policy
@@ -34,14 +34,9 @@ from moespac.trace import load_trace
 METHODS = ("moespac", "hybrimoe", "llamacpp", "llamacpp-sd", "fate", "mixtral-offload", "moe-infinity")
 
 
-def distinct_per_step(trace, gamma: int) -> float:
-    """Mean distinct experts per layer over the trace's verify steps of gamma + 1 tokens."""
-    starts = np.r_[0, np.cumsum(trace.steps["step_tokens"])]
-    ids = trace.topk_ids
-    out = [len(np.unique(ids[a:b, layer])) for s, (a, b) in enumerate(zip(starts[:-1], starts[1:]))
-           if trace.steps["step_tokens"][s] == gamma + 1 and trace.steps["step_gamma"][s] == gamma
-           for layer in range(ids.shape[1])]
-    return float(np.mean(out)) if out else float("nan")
+def distinct_per_step(trace) -> float:
+    """Mean distinct experts per layer in a decode step (proxy-stats' active share x experts)."""
+    return locality(decode_counts(trace))[1] * trace.topology.num_experts
 
 
 def run(methods, sd_trace, ar_trace, path: str, args, skipped: dict) -> dict[str, dict]:
@@ -97,7 +92,7 @@ def main() -> None:
                       model_spec=spec, seed=0)
             sd, ar = synthetic_trace(topo, gamma=args.gamma, **kw), synthetic_trace(topo, gamma=0, **kw)
         metrics = run(methods, sd, ar, label, args, skipped)
-        rows.append((label, distinct_per_step(sd, args.gamma), metrics))
+        rows.append((label, distinct_per_step(sd), metrics))
 
     uniform = E * (1 - (1 - k / E) ** (args.gamma + 1))
     print(f"\nsimulated on {args.hardware}, {args.model_spec} experts, draft {args.draft_spec}, cache ratio "
