@@ -155,6 +155,9 @@ def test_tiny_study_end_to_end(tmp_path):
                  "fig_overhead"):
         assert (figs / f"{name}.png").read_bytes()[:4] == b"\x89PNG" and (figs / f"{name}.pdf").exists(), name
     assert not (figs / "table3.md").exists() and not (figs / "fig6_batch.png").exists()  # switched off
+    assert (figs / "whatif_locality.png").read_bytes()[:4] == b"\x89PNG" and (figs / "whatif_locality.pdf").exists()
+    whatif = (figs / "whatif_locality.md").read_text()
+    assert "(timing: simulated)" in whatif and "| gsm8k (recorded) |" in whatif
     assert "does not re-derive" in (figs / "audit.md").read_text()
 
     # every Table 1 cell carries its timing label and the model that produced it; nothing simulated says measured

@@ -39,6 +39,21 @@ def register(sub) -> None:
     o.add_argument("--json", required=True, help="write the result record here")
     o.set_defaults(func=run_overhead)
 
+    w = rsub.add_parser("whatif-locality", help="simulated tokens/s of Table 1 methods against routing locality "
+                        "(synthetic traces, plus recorded ones on the same axis)")
+    w.add_argument("--skews", default="0,1,2,3,4,5", help="popularity skews of the synthetic traces (0 = uniform)")
+    w.add_argument("--methods", default=None, help="study methods, comma-separated (default: six Table 1 rows)")
+    w.add_argument("--hardware", default="rtx4090-pcie4")
+    w.add_argument("--model-spec", default="qwen3-30b-a3b")
+    w.add_argument("--draft-spec", default="qwen3-4b-fp8")
+    w.add_argument("--cache-ratio", type=float, default=0.25)
+    w.add_argument("--tokens", type=int, default=256, help="new tokens of each synthetic trace")
+    w.add_argument("--recorded", nargs=2, metavar=("SD", "AR"), help="recorded SD and AR traces, one more row")
+    w.add_argument("--allow-topology-mismatch", action="store_true", help="for recorded traces of a proxy's shape")
+    w.add_argument("--json", required=True, help="write the result record here")
+    w.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.md, PREFIX.png and PREFIX.pdf")
+    w.set_defaults(func=run_whatif_locality)
+
 
 def run_table(args) -> int:
     from moespac.analysis import tables
@@ -89,4 +104,37 @@ def run_overhead(args) -> int:
     print(f"estimator {m['estimator_ms_per_step']:.4f} ms/step (paper {PAPER['estimator_ms_per_step']}), "
           f"tau {m['tau_ms_per_generation']:.3f} ms/generation (paper {PAPER['tau_ms_per_generation']}), "
           f"state {m['state_kb']:.1f} KiB (paper ~{PAPER['state_kb']:.0f} KB); timing: measured")
+    return 0
+
+
+def run_whatif_locality(args) -> int:
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from moespac.analysis.whatif import plot_locality, render_locality
+    from moespac.atomic import write_text
+    from moespac.record import write_record
+    from moespac.sim.whatif import LocalitySweep, run_locality_sweep
+    from moespac.trace import load_trace
+
+    try:
+        skews = tuple(float(v) for v in args.skews.split(","))
+    except ValueError:
+        raise MoespacError(f"--skews {args.skews!r}: comma-separated numbers") from None
+    options = dict(skews=skews, hardware=args.hardware, model_spec=args.model_spec, draft_spec=args.draft_spec,
+                   cache_ratio=args.cache_ratio, tokens=args.tokens, allow_topology_mismatch=args.allow_topology_mismatch)
+    if args.methods:
+        options["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    cfg = LocalitySweep(**options)
+    recorded = None
+    if args.recorded:
+        sd, ar = (load_trace(p) for p in args.recorded)
+        recorded = (Path(args.recorded[0]).parent.name, sd, ar)  # the benchmark folder of the trace
+    record = run_locality_sweep(cfg, recorded, progress=lambda it, n: tqdm(it, total=n, desc="traces"))
+    write_record(args.json, record)
+    write_text(f"{args.out}.md", render_locality(record))
+    paths = [args.json, f"{args.out}.md"] + [str(p) for p in plot_locality(record, args.out)]
+    print(render_locality(record))
+    print("wrote " + ", ".join(map(str, paths)))
     return 0

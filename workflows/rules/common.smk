@@ -36,6 +36,7 @@ WRAPPED_OPTIONS = {
 SIM = config["simulation"]
 SWEEPS = config["sweeps"]
 FIGS = config["figures"]
+WHATIF = config["whatif"]["locality"]
 
 
 def alternatives(names):
@@ -81,6 +82,10 @@ def get_model_args(wildcards):
 def output_prefix(wildcards, output):
     """PREFIX of PREFIX.ext outputs (the report commands write every extension themselves)."""
     return os.path.splitext(output[0])[0]
+
+
+def output_prefix_of_md(wildcards, output):
+    return os.path.splitext(output.md)[0]
 
 
 def models_of_input(wildcards, input):
@@ -196,7 +201,8 @@ def get_policy(wildcards):
 
 def get_bounds_flag(wildcards):
     """The oracle and infinite-cache bound cost several times a policy's own replay, and depend only on the
-    trace: they are computed in the oracle's cells (Table 1's reference row), every other cell skips them."""
+    trace: they are computed in the oracle's cells (Table 1's reference row), every other cell skips them.
+    """
     return "" if get_policy(wildcards).split(":")[0] == "oracle" else "--no-bounds"
 
 
@@ -466,7 +472,33 @@ def final_paper_outputs():
     out += expand(
         "paper_figs/{figure}.{ext}", figure=figure_names(), ext=["png", "pdf"]
     )
+    if WHATIF["activate"]:
+        out += expand("paper_figs/whatif_locality.{ext}", ext=["md", "png", "pdf"])
     return out + ["paper_figs/audit.md"]
+
+
+def get_whatif_traces(wildcards):
+    """The simulation pair's recorded SD and AR traces of the what-if's benchmark (Table 1's own)."""
+    sd = trace_file(
+        SIM["pair"],
+        WHATIF["benchmark"],
+        SIM["gamma"],
+        SIM["batch_size"],
+        SIM["max_new_tokens"],
+    )
+    ar = trace_file(
+        SIM["pair"], WHATIF["benchmark"], 0, SIM["batch_size"], SIM["max_new_tokens"]
+    )
+    return dict(sd=sd, ar=ar)
+
+
+def get_whatif_options(wildcards):
+    return (
+        f"--skews {','.join(f'{float(s):g}' for s in WHATIF['skews'])} "
+        f"--methods {','.join(WHATIF['methods'])} --tokens {WHATIF['tokens']} "
+        f"--hardware {SIM['hardware']} --model-spec {SIM['model_spec']} "
+        f"--draft-spec {SIM['draft_spec']} --cache-ratio {SIM['cache_ratio']}"
+    )
 
 
 def get_final_output():
@@ -485,6 +517,9 @@ def get_final_output():
 
 
 wildcard_constraints:
+    # paper tables and figures only: paper_figs/ also holds what-if and proxy-stats outputs of other rules
+    table=r"table\d+|appendix_a1",
+    figure=r"fig\w+",
     pair=alternatives(PAIRS),
     benchmark=alternatives(KNOWN_BENCHMARKS),
     method="[a-z0-9-]+",

@@ -39,3 +39,28 @@ rule paper_figure:
         prefix=output_prefix,
     shell:
         "moespac report figure {wildcards.figure} {params.groups} --out {params.prefix} > {log} 2>&1"
+
+
+rule whatif_locality:
+    # simulated: the methods' tokens/s against routing locality (synthetic traces + the recorded pair)
+    input:
+        unpack(get_whatif_traces),
+    output:
+        record="results/whatif/locality.json",
+        md="paper_figs/whatif_locality.md",
+        png=report(
+            "paper_figs/whatif_locality.png",
+            caption="../report/whatif.rst",
+            category="Figures",
+        ),
+        pdf="paper_figs/whatif_locality.pdf",
+    log:
+        "results/logs/whatif_locality/locality.log",
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        options=get_whatif_options,
+        prefix=output_prefix_of_md,
+    shell:
+        "moespac report whatif-locality {params.options} --recorded {input.sd} {input.ar} --allow-topology-mismatch "
+        "--json {output.record} --out {params.prefix} > {log} 2>&1"

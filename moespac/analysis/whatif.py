@@ -1,0 +1,54 @@
+"""The routing-locality what-if (moespac/sim/whatif.py) as a Markdown table and a figure."""
+
+from __future__ import annotations
+
+from moespac.sim.whatif import ratio_to_best_other
+from moespac.study import get_method
+
+
+def render_locality(record: dict) -> str:
+    cfg, m = record["config"], record["metrics"]
+    methods = list(cfg["methods"])
+    head = ["trace", "distinct experts/step"] + [get_method(x).label for x in methods]
+    lines = ["# What-if: tokens/s against routing locality (timing: simulated)", "",
+             f"{cfg['model_spec']} experts on {cfg['hardware']}, draft {cfg['draft_spec']} charged to the speculative "
+             f"methods, cache ratio {cfg['cache_ratio']:g}. Synthetic traces: {cfg['tokens']} new tokens, gamma "
+             f"{cfg['gamma']}, draft acceptance {cfg['accept']:g}, persistence {cfg['persistence']:g}. Distinct experts "
+             f"per layer in a decode step; uniform routing gives {m['uniform_distinct']:.1f}.", "",
+             "| " + " | ".join(head + ["MoE-SpAc hit rate", "MoE-SpAc vs best other"]) + " |",
+             "|" + "---|" * (len(head) + 2)]
+    for row in m["rows"]:
+        cells = [row["trace"] + (" (recorded)" if row["recorded"] else ""), f"{row['distinct']:.1f}"]
+        cells += [f"{row['methods'][x]['tokens_per_s']:.2f}" if x in row["methods"] else "-" for x in methods]
+        ratio = ratio_to_best_other(row)
+        hit = row["methods"].get("moespac", {}).get("hit_rate")
+        cells += ["-" if hit is None else f"{hit:.3f}", "-" if ratio is None else f"{100 * (ratio - 1):+.1f} %"]
+        lines.append("| " + " | ".join(cells) + " |")
+    for slug, why in m["skipped"].items():
+        lines += ["", f"{get_method(slug).label}: left out where its signal is missing ({why})."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_locality(record: dict, prefix) -> list:
+    from moespac.analysis.style import figure, save
+
+    cfg, m = record["config"], record["metrics"]
+    fig, (ax,) = figure(width=5.6, height=3.8)
+    for slug in cfg["methods"]:
+        pts = [(r["distinct"], r["methods"][slug]["tokens_per_s"]) for r in m["rows"]
+               if not r["recorded"] and slug in r["methods"]]
+        if not pts:
+            continue
+        line, = ax.plot(*zip(*pts), marker="o", label=get_method(slug).label)
+        for r in m["rows"]:
+            if r["recorded"] and slug in r["methods"]:
+                ax.scatter([r["distinct"]], [r["methods"][slug]["tokens_per_s"]], marker="*", s=130,
+                           color=line.get_color(), zorder=3)
+    ax.axvline(m["uniform_distinct"], color="0.5", linestyle=":", linewidth=1)
+    ax.set_xlabel(f"distinct experts per layer in a {cfg['gamma'] + 1}-token step "
+                  f"(uniform routing: {m['uniform_distinct']:.0f})")
+    ax.set_ylabel("tokens/s (simulated)")
+    ax.set_title(f"{cfg['model_spec']} on {cfg['hardware']}, cache {cfg['cache_ratio']:g}; "
+                 f"lines: synthetic, stars: recorded", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, prefix)
