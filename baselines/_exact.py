@@ -39,9 +39,10 @@ def state_count(experts: int, capacity: int) -> int:
     return sum(comb(experts, j) for j in range(capacity + 1))
 
 
-def fits(num_layers: int, num_experts: int, capacity: int) -> bool:
+def fits(topology, capacity: int) -> bool:
     """Whether every request of this topology and capacity is small enough for the exact search."""
-    return state_count(num_layers * num_experts, capacity) * 2**num_experts <= MAX_WORK
+    L, E = topology.num_layers, topology.num_experts
+    return state_count(L * E, capacity) * 2**E <= MAX_WORK
 
 
 @dataclass

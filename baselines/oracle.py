@@ -88,7 +88,7 @@ class Oracle(Policy):
                  Oracle(False, True, "hybrid-early"), Oracle(False, True, "static")]
         if self.prefetch:
             plans = [Oracle(True, True, "dynamic", eager=True), Oracle(True, True, "hybrid", eager=True)] + plans
-        if per_layer_capacity is None and _exact.fits(topology.num_layers, topology.num_experts, capacity):
+        if per_layer_capacity is None and _exact.fits(topology, capacity):
             plans.append(Oracle(False, True, "exact"))
         shared: dict = {}  # the static placement of each request, computed once for all plans that start from it
         for plan in plans:
@@ -136,7 +136,7 @@ class Oracle(Policy):
             if ctx.per_layer_capacity is not None:
                 raise MoespacError("oracle plan 'exact' needs a shared slot pool (no per-layer capacity)")
             topo = ctx.topology
-            if not _exact.fits(topo.num_layers, topo.num_experts, ctx.capacity):
+            if not _exact.fits(topo, ctx.capacity):
                 raise MoespacError(f"oracle plan 'exact': {topo.num_layers} x {topo.num_experts} experts in "
                                    f"{ctx.capacity} slots are too many for its search (baselines/_exact.py, MAX_WORK)")
             self.schedule = _exact.exact_on_demand(self.counts, self.dev_cost, self.host_cost, self.hidden,

@@ -299,8 +299,7 @@ def fixed_time(workload, timing) -> float:
 def test_exact_on_demand_schedule_is_what_the_replay_measures(sc):
     # the search's own arithmetic (loads + expert phases) plus the fixed time is exactly the replayed time
     workload, timing, capacity, _ = sc
-    topo = workload.topology
-    if not _exact.fits(topo.num_layers, topo.num_experts, capacity):
+    if not _exact.fits(workload.topology, capacity):
         return
     planned = sum(_exact.exact_on_demand(workload.counts[steps], timing.device_by_count, timing.host_by_count,
                                          timing.hidden[steps], timing.load, timing.serial, capacity).expert_s
@@ -363,8 +362,7 @@ def test_oracle_beats_every_policy_that_never_prefetches(sc):
     # statement 5: the exact on-demand plan is the least of the class, so no lru, lfu, Mixtral-Offloading,
     # all-host, ... beats the oracle when the cache is small enough for the search
     workload, timing, capacity, draft = sc
-    topo = workload.topology
-    if not _exact.fits(topo.num_layers, topo.num_experts, capacity):
+    if not _exact.fits(workload.topology, capacity):
         return
     oracle = total(workload, timing, Oracle(), capacity)
     on_demand = 0

@@ -133,8 +133,9 @@ def run_whatif_locality(args) -> int:
         recorded = (Path(args.recorded[0]).parent.name, sd, ar)  # the benchmark folder of the trace
     record = run_locality_sweep(cfg, recorded, progress=lambda it, n: tqdm(it, total=n, desc="traces"))
     write_record(args.json, record)
-    write_text(f"{args.out}.md", render_locality(record))
+    md = render_locality(record)
+    write_text(f"{args.out}.md", md)
     paths = [args.json, f"{args.out}.md"] + [str(p) for p in plot_locality(record, args.out)]
-    print(render_locality(record))
+    print(md)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
