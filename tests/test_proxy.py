@@ -24,8 +24,45 @@ def threads():
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     out = tmp_path_factory.mktemp("proxy")
-    card = build_proxy(out, get_config("tiny", {"budget_minutes": "0.15"}), seed=0, log=lambda m: None)
+    card = build_proxy(out, get_config("tiny"), seed=0, log=lambda m: None)
     return out, card
+
+
+def _files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_two_builds_give_the_same_pair_on_a_busy_machine(pair, tmp_path):
+    """The step counts, not the clock, stop training: a second build with a core kept busy and the caller's
+    torch at another thread count writes byte-identical models and tokenizers."""
+    import subprocess
+    import sys
+
+    out, card = pair
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        again = build_proxy(tmp_path, get_config("tiny"), seed=0, log=lambda m: None)
+        assert torch.get_num_threads() == 2  # the build ran on the config's thread count and restored the caller's
+    finally:
+        busy.kill()
+        torch.set_num_threads(before)
+    for sub in ("target", "draft"):
+        first, second = _files(out / sub), _files(tmp_path / sub)
+        assert first.keys() == second.keys() and "model.safetensors" in first
+        assert [k for k in first if first[k] != second[k]] == []
+    for model in ("target", "draft"):
+        assert card[model]["steps"] == again[model]["steps"] == get_config("tiny").__dict__[f"{model}_steps"]
+    assert again["held_back"] == card["held_back"] and again["threads"] == 1
+
+
+def test_over_budget_build_fails_naming_the_step_and_writes_nothing(tmp_path):
+    from moespac.models.proxy_train import OverBudget
+
+    with pytest.raises(OverBudget, match=r"over its wall-clock guard of 0.0001 min at target step 0 of 40"):
+        build_proxy(tmp_path / "p", get_config("tiny", {"budget_minutes": "0.0001"}), seed=0, log=lambda m: None)
+    assert not (tmp_path / "p").exists()
 
 
 def test_pair_loads_like_hub_models(pair):
@@ -43,7 +80,7 @@ def test_pair_loads_like_hub_models(pair):
     assert target.config.vocab_size == draft.config.vocab_size == len(tok) == card["tokens"]["vocab"]
     assert target.generation_config.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id]
     assert (out / "target" / "model.safetensors").is_file() and (out / "draft" / "model.safetensors").is_file()
-    assert card["wall_s"] <= 0.15 * 60 + 5  # the wall-clock budget holds (one step of slack)
+    assert card["target"]["steps"] == 40 and card["draft"]["steps"] == 20  # the config's counts, exactly
 
 
 def test_card_names_data_holdout_and_disclaimer(pair):

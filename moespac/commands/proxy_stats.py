@@ -14,7 +14,8 @@ def register(sub) -> None:
     p.add_argument("--gamma", type=int, default=8, help="draft length")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = speculative sampling")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt sample and of sampling")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: 2, or 1 on a busy machine)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: a fixed count, so two runs sample the same tokens)")
     p.add_argument("--json", default=None, help="write a result record (timing: measured) here")
     p.add_argument("--trace-dir", default=None, help="write one activation trace per benchmark (NAME.npz) here")
     p.add_argument("--markdown", default=None, help="also write the printed table to this Markdown file")
@@ -22,23 +23,20 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import os
-
     import torch
     from tqdm import tqdm
 
     from moespac.bench.datasets import BENCHMARKS
     from moespac.models import proxy_stats
-    from moespac.models.proxy_config import auto_threads
     from moespac.record import make_record, write_record
 
     names = list(BENCHMARKS) if args.benchmarks.strip().lower() == "all" else \
         [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     if not names:
         raise MoespacError("--benchmarks: give 'all' or at least one benchmark name")
-    if args.threads is not None and args.threads < 1:
+    if args.threads < 1:
         raise MoespacError(f"--threads {args.threads} must be >= 1")
-    threads = args.threads or auto_threads(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+    threads = args.threads
     torch.set_num_threads(threads)
     with tqdm(total=len(names) * args.prompts, desc="proxy-stats", unit="prompt", leave=False) as bar:
         rows = proxy_stats.run(args.pair, names, args.prompts, args.max_new_tokens, args.gamma, args.seed,

@@ -1,6 +1,6 @@
 """The proxy pair: a small Qwen3-MoE target and a dense Qwen3 draft distilled from it, trained here on an
-offline chat corpus (every benchmark prompt held out) within a wall-clock budget, so that the whole pipeline
-runs on a laptop CPU. A locally trained proxy, not Qwen3-30B-A3B: its numbers describe the proxy.
+offline chat corpus (every benchmark prompt held out) for a fixed number of steps, so that the whole pipeline
+runs on a laptop CPU and two builds of one config give the same weights on any machine. A locally trained proxy, not Qwen3-30B-A3B: its numbers describe the proxy.
 
 Steps: corpus -> byte-level BPE tokenizer -> ChatML token stream -> target (CE + router aux loss) ->
 draft (KL to the target's logits mixed with CE) -> save_pretrained both + MODEL_CARD.md / model_card.json.
@@ -18,7 +18,7 @@ import torch
 
 from moespac.errors import MoespacError
 from moespac.models import corpus as corpora
-from moespac.models.proxy_config import CONFIGS, ProxyConfig, auto_threads, get_config  # noqa: F401 (re-exported)
+from moespac.models.proxy_config import CONFIGS, ProxyConfig, get_config  # noqa: F401 (re-exported)
 from moespac.models.proxy_train import (DistillBatches, Windows, distill_loss, evaluate, init_from_target,
                                          popularity, routing_counts, target_continuations, target_loss, token_stream,
                                          train)
@@ -36,9 +36,10 @@ def active_params(model, cfg: ProxyConfig) -> int:
 
 # ---- the build ----------------------------------------------------------------------------------------
 
-def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, threads: int | None = None, corpus_path: str | None = None,
+def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, corpus_path: str | None = None,
                 force: bool = False, log=print) -> dict:
-    """Train the pair within cfg.budget_minutes and write DIR/target, DIR/draft and the model card; returns the card."""
+    """Train the pair for its fixed step counts and write DIR/target, DIR/draft and the model card; returns the
+    card. cfg.budget_minutes only guards: a build that runs longer fails (OverBudget) and writes nothing."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -52,9 +53,9 @@ def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, threads: in
         if (out / sub).exists() and any((out / sub).iterdir()) and not force:
             raise MoespacError(f"{out / sub} exists and is not empty; pass --force to replace it")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    threads = threads or auto_threads(load)
     prev_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(cfg.threads)
+    guard = f" of {cfg.budget_minutes:g} min"
     torch.manual_seed(seed)
     try:
         holdout, n_prompts = corpora.benchmark_holdout()
@@ -80,14 +81,10 @@ def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, threads: in
         log(f"tokenizer: vocab {vocab}, {len(ids) / 1e6:.2f}M tokens ({prep_s:.0f}s so far)")
 
         target = AutoModelForCausalLM.from_config(cfg.target_config(vocab))
-        reserve = max(2.0, 0.05 * 60 * cfg.budget_minutes)  # final evaluation and saving
-        train_s = deadline - time.perf_counter() - reserve
-        if train_s <= 0:
-            raise MoespacError(f"budget of {cfg.budget_minutes} min is used up before training ({prep_s:.0f}s of preparation)")
         log(f"target: Qwen3-MoE {n_params(target) / 1e6:.2f}M params, {cfg.layers} layers x {cfg.experts} experts "
-            f"top-{cfg.top_k}; training {cfg.target_share * train_s:.0f}s on {threads} thread(s)")
-        target_log = train(target, target_loss, train_data, seconds=cfg.target_share * train_s, max_steps=cfg.max_steps,
-                           lr=cfg.lr, warmup=cfg.warmup_steps, weight_decay=cfg.weight_decay, label="target", log=log)
+            f"top-{cfg.top_k}; training {cfg.target_steps} steps on {cfg.threads} thread(s)")
+        target_log = train(target, target_loss, train_data, steps=cfg.target_steps, lr=cfg.lr, warmup=cfg.warmup_steps,
+                           weight_decay=cfg.weight_decay, label="target", deadline=deadline, budget_note=guard, log=log)
         target.requires_grad_(False)
         target.config.output_router_logits = False  # training only; also the inference default of Qwen3-MoE releases
 
@@ -104,12 +101,12 @@ def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, threads: in
         draft = AutoModelForCausalLM.from_config(cfg.draft_config(vocab))
         if cfg.draft_from_target:
             init_from_target(draft, target)
-        draft_s = deadline - time.perf_counter() - reserve
-        log(f"draft: dense Qwen3 {n_params(draft) / 1e6:.2f}M params, {cfg.draft_layers} layers; distilling {draft_s:.0f}s")
+        log(f"draft: dense Qwen3 {n_params(draft) / 1e6:.2f}M params, {cfg.draft_layers} layers; distilling "
+            f"{cfg.draft_steps} steps")
         draft_data = DistillBatches(train_data, rows, mask, cfg.onpolicy_share, seed + 2)
-        draft_log = train(draft, distill_loss(target, cfg.distill_ce_weight), draft_data, seconds=max(draft_s, 1e-3),
-                          max_steps=cfg.max_steps, lr=cfg.draft_lr, warmup=cfg.warmup_steps,
-                          weight_decay=cfg.weight_decay, label="draft", log=log)
+        draft_log = train(draft, distill_loss(target, cfg.distill_ce_weight), draft_data, steps=cfg.draft_steps,
+                          lr=cfg.draft_lr, warmup=cfg.warmup_steps, weight_decay=cfg.weight_decay, label="draft",
+                          deadline=deadline, budget_note=guard, log=log)
         draft_log["continuations_s"] = round(gen_s, 1)
 
         val = evaluate(target, draft, val_batches, cfg.distill_ce_weight, continuations)
@@ -136,14 +133,14 @@ def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, threads: in
             if bars:
                 hf_logging.enable_progress_bar()
         card = dict(
-            config=dataclasses.asdict(cfg), seed=seed, threads=threads, load_average_at_start=load,
+            config=dataclasses.asdict(cfg), seed=seed, threads=cfg.threads, load_average_at_start=load,
             corpus=dataclasses.asdict(stats), tokens=dict(train=len(ids) - n_val, held_back=n_val, vocab=vocab),
             target=dict(params=n_params(target), active_params=active_params(target, cfg), **target_log),
             draft=dict(params=n_params(draft), **draft_log), held_back=val, routing=routing,
             preparation_s=round(prep_s, 1), wall_s=round(time.perf_counter() - start, 1))
         write_card(out, card)
         log(f"wrote {out}/target, {out}/draft and {out}/MODEL_CARD.md in {card['wall_s']:.0f}s "
-            f"(budget {60 * cfg.budget_minutes:.0f}s)")
+            f"(guard {60 * cfg.budget_minutes:.0f}s)")
         return card
     finally:
         torch.set_num_threads(prev_threads)

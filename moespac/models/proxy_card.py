@@ -53,7 +53,7 @@ def render(c: dict) -> str:
         f"coefficient {cfg['aux_loss_coef']} |",
         f"| draft | dense Qwen3 | {dft['params']:,} | {cfg['draft_layers']} layers, hidden {cfg['draft_hidden']}, "
         f"FFN {cfg['draft_ffn']}{', embeddings / output head initialised from the target' if cfg['draft_from_target'] else ''} |",
-        "", "## Training (measured)", "",
+        "", "## Training (fixed step counts; the seconds are measured)", "",
         "| | steps | tokens | seconds | tokens/s | final training losses (smoothed) |", "|---|---|---|---|---|---|",
         f"| target | {tgt['steps']} | {tgt['tokens']:,} | {tgt['seconds']} | {tgt['tokens_per_s']} | "
         f"CE {tgt.get('train_ce', float('nan')):.3f}, router aux {tgt.get('train_aux', float('nan')):.3f} "
@@ -61,7 +61,7 @@ def render(c: dict) -> str:
         f"| draft | {dft['steps']} | {dft['tokens']:,} | {dft['seconds']} | {dft['tokens_per_s']} | "
         f"KL {dft.get('train_kl', float('nan')):.3f}, CE {dft.get('train_ce', float('nan')):.3f} |", "",
         f"AdamW (peak lr {cfg['lr']} target / {cfg['draft_lr']} draft, weight decay {cfg['weight_decay']}), "
-        f"{cfg['warmup_steps']} warm-up steps, cosine decay over the wall-clock budget; batch {cfg['batch_size']} x "
+        f"{cfg['warmup_steps']} warm-up steps, cosine decay over the fixed step count; batch {cfg['batch_size']} x "
         f"{cfg['seq_len']} tokens; fp32; draft loss = {1 - cfg['distill_ce_weight']:.2f} KL(target || draft) + "
         f"{cfg['distill_ce_weight']:.2f} CE; {cfg['onpolicy_share']:.0%} of the draft's batches are the target's own "
         f"greedy continuations ({cfg['onpolicy_tokens']} tokens) of {cfg['onpolicy_prompts']} first user turns of "
@@ -75,12 +75,13 @@ def render(c: dict) -> str:
         f"max {rt['top10_share_max']:.3f}), busiest expert / mean load {rt['max_over_mean_load']:.2f}, "
         f"at most {rt['unused_experts_max']} unused experts in a layer.", "",
         "## Run", "",
-        f"- wall time {c['wall_s']} s of a {60 * cfg['budget_minutes']:.0f} s budget (preparation {c['preparation_s']} s); "
-        f"seed {c['seed']}; torch threads {c['threads']}",
+        f"- wall time {c['wall_s']} s within a {60 * cfg['budget_minutes']:.0f} s guard (preparation {c['preparation_s']} s); "
+        f"seed {c['seed']}; torch threads {c['threads']}; the weights depend on the config, seed, data and software, "
+        "not on the machine's speed",
         f"- machine: {m['platform']}, {m['cpu']}, {m['cpu_count']} CPUs{load}; python {m['python']}, "
         f"torch {m['packages'].get('torch')}, transformers {m['packages'].get('transformers')}, "
         f"tokenizers {m['packages'].get('tokenizers')}; git {m['git_commit']}",
         f"- created {c['created']} by `moespac build-proxy --config {cfg['name']}`; timings are wall-clock and "
-        f"depend on how busy the machine was", "",
+        f"depend on how busy the machine was; the step counts do not", "",
     ]
     return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""Training pieces of the proxy pair: token windows, the target's own continuations, losses, the time-budgeted
-training loop, and held-back evaluation (losses, draft agreement, expert popularity)."""
+"""Training pieces of the proxy pair: token windows, the target's own continuations, losses, the fixed-step
+training loop (with a wall-clock guard), and held-back evaluation (losses, draft agreement, expert popularity)."""
 
 from __future__ import annotations
 
@@ -126,19 +126,25 @@ def distill_loss(target, ce_weight: float):
     return loss
 
 
-def train(model, loss_fn, data, *, seconds: float, max_steps: int, lr: float, warmup: int,
-          weight_decay: float, label: str, log=print, log_every_s: float = 30.0) -> dict:
-    """AdamW with warm-up and cosine decay over progress = max(steps, wall clock) / budget; stops at the budget."""
+class OverBudget(MoespacError):
+    """A build ran past its wall-clock guard (the step counts, not the clock, end training)."""
+
+
+def train(model, loss_fn, data, *, steps: int, lr: float, warmup: int, weight_decay: float, label: str,
+          deadline: float | None = None, budget_note: str = "", log=print, log_every_s: float = 30.0) -> dict:
+    """AdamW with linear warm-up and cosine decay to 10 % over exactly `steps` steps. `deadline`
+    (time.perf_counter() value) is a guard: passing it raises OverBudget naming the step reached; it never
+    shortens training, so the weights depend on the seed and the data alone."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     model.train()
     start = last_log = time.perf_counter()
-    step, ema = 0, {}
-    while True:
-        elapsed = time.perf_counter() - start
-        progress = max(step / max_steps, elapsed / seconds)
-        if progress >= 1:
-            break
-        scale = min(1.0, (step + 1) / max(1, warmup)) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+    ema = {}
+    for step in range(steps):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise OverBudget(f"proxy build over its wall-clock guard{budget_note} at {label} step {step} of {steps} "
+                             f"({time.perf_counter() - start:.0f}s into {label} training): raise --budget-minutes; "
+                             "the step counts, not the guard, decide the weights")
+        scale = min(1.0, (step + 1) / max(1, warmup)) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
         for group in opt.param_groups:
             group["lr"] = lr * scale
         loss, metrics = loss_fn(model, data.batch())
@@ -146,18 +152,19 @@ def train(model, loss_fn, data, *, seconds: float, max_steps: int, lr: float, wa
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
         for k, v in metrics.items():  # smoothed training metrics (the last steps' average, roughly)
             ema[k] = v if k not in ema else 0.95 * ema[k] + 0.05 * v
         if time.perf_counter() - last_log >= log_every_s:
             last_log = time.perf_counter()
             shown = "  ".join(f"{k} {v:.3f}" for k, v in ema.items())
-            log(f"  {label} step {step}  {shown}  lr {lr * scale:.2e}  "
-                f"{step * data.batch_size * data.seq_len / (last_log - start):.0f} tok/s")
+            rate = (step + 1) / (last_log - start)
+            log(f"  {label} step {step + 1}/{steps}  {shown}  lr {lr * scale:.2e}  "
+                f"{(step + 1) * data.batch_size * data.seq_len / (last_log - start):.0f} tok/s  "
+                f"~{(steps - step - 1) / rate:.0f}s left")
     model.eval()
     seconds_run = time.perf_counter() - start
-    return dict(steps=step, seconds=round(seconds_run, 1), tokens=step * data.batch_size * data.seq_len,
-                tokens_per_s=round(step * data.batch_size * data.seq_len / max(seconds_run, 1e-9), 1),
+    return dict(steps=steps, seconds=round(seconds_run, 1), tokens=steps * data.batch_size * data.seq_len,
+                tokens_per_s=round(steps * data.batch_size * data.seq_len / max(seconds_run, 1e-9), 1),
                 **{f"train_{k}": round(v, 4) for k, v in ema.items()})
 
 

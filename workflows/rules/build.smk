@@ -15,13 +15,14 @@ rule build_proxy_pair:
     priority: 10
     conda:
         "../envs/moespac.yaml"
-    # one thread each: two pairs train side by side within their wall-clock budgets
+    # one thread each, so two pairs train side by side; the thread count that decides the weights is the
+    # proxy config's (1), never the scheduler's
     threads: 1
     params:
         out=get_pair_folder,
         build=get_build_args,
     shell:
-        "moespac build-proxy {params.build} --out {params.out} --force --threads {threads}"
+        "moespac build-proxy {params.build} --out {params.out} --force"
         " > {log} 2>&1"
 
 
@@ -99,5 +100,5 @@ rule proxy_stats:
         pair=get_pair_folder,
         run=get_proxy_stats_args,
     shell:
-        "moespac proxy-stats --pair {params.pair} {params.run} --threads {threads}"
+        "moespac proxy-stats --pair {params.pair} {params.run}"
         " --json {output.record} --markdown {output.md} > {log} 2>&1"
