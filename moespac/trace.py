@@ -3,6 +3,9 @@
 On disk: one `.npz` (compressed) with a JSON `meta` entry carrying `schema_version` and the model spec.
 Per step s (a target forward: prefill, verify or AR), `step_tokens[s]` tokens were run; their routing
 rows are the next `step_tokens[s]` rows of `topk_ids` / `topk_weights` ([N, L, k], N = sum of tokens).
+
+A trace holds only what the run decided (routing, tokens, acceptances), never a clock reading: two runs of
+the same models, prompts and seeds write byte-identical traces. The run's timings are in its record.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from moespac.atomic import atomic_path
 from moespac.errors import MoespacError
 from moespac.policy import Topology
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 also stored measured step times; they are ignored
 KINDS = ("prefill", "verify", "ar")
 
 _STEP_ARRAYS = {  # name -> dtype; one entry per step
@@ -28,8 +32,6 @@ _STEP_ARRAYS = {  # name -> dtype; one entry per step
     "step_gamma": np.int16,  # drafted tokens per sequence (0 for prefill / AR)
     "step_accepted": np.int16,  # accepted drafts summed over the batch (0 for prefill / AR)
     "step_emitted": np.int32,  # new tokens this step produced
-    "step_draft_s": np.float64,  # measured drafting time
-    "step_target_s": np.float64,  # measured target forward time
 }
 
 
@@ -42,7 +44,6 @@ class Trace:
     topk_ids: np.ndarray  # int16 [N, L, k]
     topk_weights: np.ndarray  # float16 [N, L, k]
     cross_topk: np.ndarray | None = None  # int16 [N, L, k]; layer l+1's router on layer l's input; -1 at the last layer
-    layer_expert_s: np.ndarray | None = None  # float32 [S, L]: measured expert time per layer
     _offsets: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -94,8 +95,9 @@ class Trace:
     # -- validation --------------------------------------------------------------------------------
     def validate(self, where: str = "trace") -> "Trace":
         m = self.meta
-        if m.get("schema_version") != SCHEMA_VERSION:
-            raise MoespacError(f"{where}: schema_version {m.get('schema_version')!r}, this moespac reads {SCHEMA_VERSION}")
+        if m.get("schema_version") not in READABLE_VERSIONS:
+            raise MoespacError(f"{where}: schema_version {m.get('schema_version')!r}, this moespac reads "
+                               f"{', '.join(map(str, READABLE_VERSIONS))}")
         for key in ("topology", "model_spec"):
             if key not in m:
                 raise MoespacError(f"{where}: meta lacks {key!r}")
@@ -115,8 +117,6 @@ class Trace:
             raise MoespacError(f"{where}: topk_weights shape {self.topk_weights.shape}, expected {shape}")
         if self.cross_topk is not None and self.cross_topk.shape != shape:
             raise MoespacError(f"{where}: cross_topk shape {self.cross_topk.shape}, expected {shape}")
-        if self.layer_expert_s is not None and self.layer_expert_s.shape != (S, topo.num_layers):
-            raise MoespacError(f"{where}: layer_expert_s shape {self.layer_expert_s.shape}, expected {(S, topo.num_layers)}")
         if N and (self.topk_ids.min() < 0 or self.topk_ids.max() >= topo.num_experts):
             raise MoespacError(f"{where}: expert id outside [0, {topo.num_experts})")
         batch = int(m.get("batch_size", 1))
@@ -133,8 +133,6 @@ class Trace:
         arrays["topk_weights"] = self.topk_weights.astype(np.float16)
         if self.cross_topk is not None:
             arrays["cross_topk"] = self.cross_topk.astype(np.int16)
-        if self.layer_expert_s is not None:
-            arrays["layer_expert_s"] = self.layer_expert_s.astype(np.float32)
         meta = dict(self.meta, schema_version=SCHEMA_VERSION)
         arrays["meta"] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
         with atomic_path(path) as tmp:
@@ -158,14 +156,12 @@ def load_trace(path: str | Path) -> Trace:
         meta = json.loads(bytes(data.pop("meta")).decode())
     except ValueError:
         raise MoespacError(f"trace {path}: meta is not valid JSON") from None
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise MoespacError(f"trace {path}: schema_version {meta.get('schema_version')!r}, this moespac reads {SCHEMA_VERSION}")
     missing = [k for k in list(_STEP_ARRAYS) + ["topk_ids", "topk_weights"] if k not in data]
     if missing:
         raise MoespacError(f"trace {path}: missing arrays {missing}")
     steps = {k: data[k].astype(_STEP_ARRAYS[k]) for k in _STEP_ARRAYS}
     return Trace(meta=meta, steps=steps, topk_ids=data["topk_ids"], topk_weights=data["topk_weights"],
-                 cross_topk=data.get("cross_topk"), layer_expert_s=data.get("layer_expert_s")).validate(f"trace {path}")
+                 cross_topk=data.get("cross_topk")).validate(f"trace {path}")
 
 
 class TraceRecorder:
@@ -179,16 +175,15 @@ class TraceRecorder:
         self._ids: list[np.ndarray] = []
         self._w: list[np.ndarray] = []
         self._cross: list[np.ndarray] = []
-        self._layer_s: list[np.ndarray] = []
         self._cur: dict | None = None
 
     def begin(self, kind: str, request: int, num_tokens: int, gamma: int = 0) -> None:
         L, k = self.topology.num_layers, self.topology.top_k
         self._cur = dict(kind=KINDS.index(kind), request=request, tokens=num_tokens, gamma=gamma,
                          ids=np.full((num_tokens, L, k), -1, np.int16), w=np.zeros((num_tokens, L, k), np.float16),
-                         cross=np.full((num_tokens, L, k), -1, np.int16), layer_s=np.zeros(L, np.float32))
+                         cross=np.full((num_tokens, L, k), -1, np.int16))
 
-    def layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, cross: np.ndarray | None, seconds: float) -> None:
+    def layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, cross: np.ndarray | None) -> None:
         c = self._cur
         if c is None:
             return
@@ -196,20 +191,17 @@ class TraceRecorder:
         c["w"][:, layer] = weights
         if cross is not None:
             c["cross"][:, layer] = cross
-        c["layer_s"][layer] = seconds
 
-    def end(self, accepted: int, emitted: int, draft_s: float, target_s: float) -> None:
+    def end(self, accepted: int, emitted: int) -> None:
         c, self._cur = self._cur, None
         if (c["ids"] < 0).any():
             raise MoespacError("trace recorder: a layer reported no routing for this step (hook not installed?)")
         for name, val in (("step_kind", c["kind"]), ("step_request", c["request"]), ("step_tokens", c["tokens"]),
-                          ("step_gamma", c["gamma"]), ("step_accepted", accepted), ("step_emitted", emitted),
-                          ("step_draft_s", draft_s), ("step_target_s", target_s)):
+                          ("step_gamma", c["gamma"]), ("step_accepted", accepted), ("step_emitted", emitted)):
             self.steps[name].append(val)
         self._ids.append(c["ids"])
         self._w.append(c["w"])
         self._cross.append(c["cross"])
-        self._layer_s.append(c["layer_s"])
 
     def finish(self, **extra_meta) -> Trace:
         L, k = self.topology.num_layers, self.topology.top_k
@@ -217,5 +209,4 @@ class TraceRecorder:
         steps = {n: np.asarray(v, dtype=_STEP_ARRAYS[n]) for n, v in self.steps.items()}
         meta = dict(self.meta, **extra_meta, schema_version=SCHEMA_VERSION)
         return Trace(meta=meta, steps=steps, topk_ids=cat(self._ids, np.int16), topk_weights=cat(self._w, np.float16),
-                     cross_topk=cat(self._cross, np.int16) if self.cross_layer else None,
-                     layer_expert_s=np.stack(self._layer_s) if self._layer_s else np.zeros((0, L), np.float32)).validate()
+                     cross_topk=cat(self._cross, np.int16) if self.cross_layer else None).validate()

@@ -1,11 +1,9 @@
 """Trace recording invariants and a reader that rejects bad files."""
 
 import json
-import zipfile
 
 import numpy as np
 import pytest
-import torch
 
 from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
 from moespac.engine.speculative import generate

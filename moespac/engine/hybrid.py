@@ -11,7 +11,6 @@ way wherever an expert runs and summed in a fixed order, so the split never chan
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,11 +145,11 @@ class HybridRuntime:
         with self.cv:
             self._push(self.policy.begin_step(step, self.cache))
 
-    def end_step(self, accepted: int = 0, emitted: int = 0, draft_s: float = 0.0, target_s: float = 0.0) -> None:
+    def end_step(self, accepted: int = 0, emitted: int = 0) -> None:
         with self.cv:
             self._push(self.policy.end_step(self.step, self.cache))
         if self.recorder is not None:
-            self.recorder.end(accepted, emitted, draft_s, target_s)
+            self.recorder.end(accepted, emitted)
 
     def close(self) -> None:
         if self._worker is not None:
@@ -199,7 +198,6 @@ class HybridRuntime:
 
     # -- the layer -----------------------------------------------------------------------------------
     def layer_forward(self, layer: int, module, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
-        t0 = time.perf_counter()
         E = self.topology.num_experts
         T, k = ids.shape
         ids_host = ids.to("cpu", torch.int64).reshape(-1)
@@ -244,8 +242,7 @@ class HybridRuntime:
             requests = self.policy.end_layer(layer, counts, cache)
         self._push(requests)
         if self.recorder is not None:
-            self.recorder.layer(layer, ids_host.view(T, k).numpy(), weights.detach().float().cpu().numpy(), cross,
-                                time.perf_counter() - t0)
+            self.recorder.layer(layer, ids_host.view(T, k).numpy(), weights.detach().float().cpu().numpy(), cross)
         return out
 
     def _compute(self, module, hidden, ids_host, weights, counts, on_device, slots, T, k):

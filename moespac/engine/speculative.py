@@ -250,7 +250,7 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
     _sync(target)
     prefill_s = time.perf_counter() - t0
     if runtime is not None:
-        runtime.end_step(0, B, 0.0, prefill_s)
+        runtime.end_step(0, B)
 
     t_start, step = time.perf_counter(), 0
     while True:
@@ -279,7 +279,7 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
             for i in live:
                 results[i].target_s += dt
             if runtime is not None:
-                runtime.end_step(0, n, 0.0, dt)
+                runtime.end_step(0, n)
             continue
         width = max(map(len, tgt_pending))
         if runtime is not None:
@@ -333,7 +333,7 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
             results[i].draft_s += t2 - t1
             results[i].target_s += t3 - t2
         if runtime is not None:
-            runtime.end_step(accepted, emitted, t2 - t1, t3 - t2)
+            runtime.end_step(accepted, emitted)
     decode_s = time.perf_counter() - t_start
     for r in results:
         r.prefill_s, r.decode_s = prefill_s, decode_s

@@ -53,7 +53,6 @@ def synthetic_trace(topology: Topology, new_tokens: int = 512, gamma: int = 8, p
                             ("step_gamma", g), ("step_accepted", acc), ("step_emitted", out)):
                 rows[name].append(v)
             emitted += out
-    S = len(rows["step_tokens"])
     steps = {name: np.asarray(v) for name, v in rows.items()}
     steps["step_kind"] = steps["step_kind"].astype(np.int8)
     steps["step_request"] = steps["step_request"].astype(np.int32)
@@ -61,8 +60,6 @@ def synthetic_trace(topology: Topology, new_tokens: int = 512, gamma: int = 8, p
     steps["step_gamma"] = steps["step_gamma"].astype(np.int16)
     steps["step_accepted"] = steps["step_accepted"].astype(np.int16)
     steps["step_emitted"] = steps["step_emitted"].astype(np.int32)
-    steps["step_draft_s"] = np.zeros(S)
-    steps["step_target_s"] = np.zeros(S)
     topk = np.concatenate(ids) if ids else np.zeros((0, L, k), np.int16)
     spec = model_spec.to_dict() if model_spec is not None else {"name": "synthetic"}
     meta = dict(schema_version=SCHEMA_VERSION, topology=dict(num_layers=L, num_experts=E, top_k=k),
@@ -92,8 +89,8 @@ def hand_trace(topology: Topology, steps: list[tuple[str, int, int, list]], trac
         ids = np.asarray(ids, dtype=np.int16).reshape(len(ids), topology.num_layers, topology.top_k)
         rec.begin(kind, request_of_step[s] if request_of_step else 0, len(ids), gamma)
         for layer in range(topology.num_layers):
-            rec.layer(layer, ids[:, layer], np.full(ids[:, layer].shape, 1.0 / topology.top_k), None, 0.0)
-        rec.end(min(emitted - 1, gamma) if kind == "verify" else 0, emitted, 0.0, 0.0)
+            rec.layer(layer, ids[:, layer], np.full(ids[:, layer].shape, 1.0 / topology.top_k), None)
+        rec.end(min(emitted - 1, gamma) if kind == "verify" else 0, emitted)
     return rec.finish(trace_id=trace_id)
 
 

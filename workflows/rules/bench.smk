@@ -5,7 +5,9 @@
 
 rule record_trace:
     # One engine run records the activation trace every policy is then replayed on (routing does not depend
-    # on the policy). gamma 0: autoregressive. Its record is a measured all-host run on this machine.
+    # on the policy). gamma 0: autoregressive. Its record is a measured all-host run on this machine. One
+    # thread, fixed (not {threads}, which --cores may change): the thread count is part of what decides the
+    # trace's floats, and so its sampled tokens.
     input:
         pair=get_pair_ready,
     output:
@@ -23,7 +25,7 @@ rule record_trace:
         limit=get_trace_limit,
         prompts=get_prompt_args,
     shell:
-        "OMP_NUM_THREADS={threads} moespac bench {params.models} --benchmark {wildcards.benchmark}"
+        "OMP_NUM_THREADS=1 moespac bench {params.models} --benchmark {wildcards.benchmark}"
         " --policy all-host --cache-ratio 0 --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
         " --max-new-tokens {wildcards.tokens} {params.limit} {params.prompts} --warmup 0 --no-progress"
         " --trace {output.trace} --out {output.record} > {log} 2>&1"
