@@ -22,25 +22,33 @@ def git_commit() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def environment() -> dict:
-    import torch
-
+def software_environment() -> dict:
+    """The software that computed a number: the commit, Python and package versions (no machine facts)."""
     versions = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
+    return {"git_commit": git_commit(), "python": platform.python_version(), "packages": versions}
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> dict:
+    """The software and the machine (what a measured or wrapped number depends on)."""
+    import torch
+
     gpu = None
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         gpu = {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1), "cuda": torch.version.cuda}
+    sw = software_environment()
     return {
-        "git_commit": git_commit(),
-        "python": platform.python_version(),
+        "git_commit": sw["git_commit"],
+        "python": sw["python"],
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_threads": torch.get_num_threads(),
         "gpu": gpu,
-        "packages": versions,
+        "packages": sw["packages"],
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from moespac.atomic import write_json
-from moespac.environment import environment
+from moespac.environment import environment, software_environment
 from moespac.errors import MoespacError
 from moespac.hashing import stable_hash
 
@@ -14,12 +14,18 @@ RECORD_VERSION = 1
 
 
 def make_record(kind: str, timing: str, config: dict, metrics: dict, **extra) -> dict:
-    """A record: config and its stable hash, environment, timing label, metrics, and anything extra."""
+    """A record: config and its stable hash, environment, timing label, metrics, and anything extra.
+
+    A simulated record carries no clock reading and no machine facts, only the software that computed it:
+    its numbers do not depend on the machine, so two runs of one commit write byte-identical records.
+    Measured and wrapped records say when and on what machine they ran."""
     if timing not in TIMINGS:
         raise MoespacError(f"timing label {timing!r}: one of {', '.join(TIMINGS)}")
+    timeless = timing == "simulated" and kind != "failure"  # a failure says when it happened
+    when = {} if timeless else dict(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    env = software_environment() if timeless else environment()
     return dict(record_version=RECORD_VERSION, kind=kind, timing=timing, config=config,
-                config_hash=stable_hash(config), environment=environment(), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                metrics=metrics, **extra)
+                config_hash=stable_hash(config), environment=env, **when, metrics=metrics, **extra)
 
 
 def write_record(path, record: dict) -> None:

@@ -29,13 +29,13 @@ def figure(ncols: int = 1, width: float = 4.6, height: float = 3.4):
 
 
 def save(fig, prefix) -> list[Path]:
-    """PREFIX.png and PREFIX.pdf."""
+    """PREFIX.png and PREFIX.pdf, byte-identical for the same figure (the PDF's creation date is left out)."""
     prefix = Path(prefix)
     paths = []
     for ext in ("png", "pdf"):
         path = prefix.with_suffix(f".{ext}")
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext)
+            fig.savefig(tmp, format=ext, metadata={"CreationDate": None} if ext == "pdf" else None)
         paths.append(path)
     plt.close(fig)
     return paths

@@ -215,8 +215,15 @@ def prepare(cfg: BenchConfig) -> Prepared:
 
 
 def _ref(ref: str | None) -> str | None:
-    """A local model folder as an absolute path (a trace read elsewhere still finds it); a hub id as given."""
-    return str(Path(ref).expanduser().resolve()) if ref and Path(ref).expanduser().is_dir() else ref
+    """A local model folder relative to the working directory when it lies inside it (so records and traces
+    of two clones are byte-identical), else absolute; a hub id as given."""
+    if not ref or not Path(ref).expanduser().is_dir():
+        return ref
+    folder = Path(ref).expanduser().resolve()
+    try:
+        return folder.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(folder)
 
 
 def trace_id(tcfg: dict) -> str:

@@ -112,6 +112,14 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     return builtin
 
 
+def _shown(path: Path) -> str:
+    """How a record names the profile file: a built-in by its place in the package (the same in every
+    install, so records do not depend on where moespac lives), any other file as given."""
+    if path.resolve().parent == PROFILE_DIR.resolve():
+        return f"moespac/sim/profiles/{path.name}"
+    return str(path)
+
+
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
     """Read and validate a profile; a missing or non-positive parameter fails naming the key and file."""
     path = resolve_profile_path(name_or_path)
@@ -154,7 +162,7 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     if not isinstance(device_is_host, bool):
         raise MoespacError(f"{where}: 'device_is_host' must be true or false, got {device_is_host!r}")
     return HardwareProfile(name=str(doc.get("name") or path.stem), device_is_host=device_is_host,
-                           notes=str(doc.get("notes") or "").strip(), sources=sources, path=str(path),
+                           notes=str(doc.get("notes") or "").strip(), sources=sources, path=_shown(path),
                            sha256=hashlib.sha256(raw).hexdigest(), **values)
 
 
