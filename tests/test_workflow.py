@@ -3,6 +3,7 @@ job runs, and one tiny study end to end (micro pair, one benchmark, a few tokens
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,12 +135,20 @@ def mlflow_config_hashes(tmp_path) -> list[str]:
     return sorted(r.data.tags[KEY_TAG] for r in runs)
 
 
-def test_tiny_study_end_to_end(tmp_path):
-    # Ctrl-C mid-way, then the same command again: it completes, and no record is corrupt (checked below)
-    interrupt_once_a_record_exists(tmp_path)
-    assert not (tmp_path / "results/mlflow/ingest.json").exists()  # stopped mid-way: the last step never ran
-    r = snakemake("--cores", 2, "--configfile", TINY, cwd=tmp_path)
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    """The tiny study, Ctrl-C'd mid-way and then run again to completion (the folder it ran in)."""
+    path = tmp_path_factory.mktemp("tiny")
+    interrupt_once_a_record_exists(path)
+    assert not (path / "results/mlflow/ingest.json").exists()  # stopped mid-way: the last step never ran
+    r = snakemake("--cores", 2, "--configfile", TINY, cwd=path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return path
+
+
+def test_tiny_study_end_to_end(tiny_study):
+    # Ctrl-C mid-way, then the same command again: it completes, and no record is corrupt (checked below)
+    tmp_path = tiny_study
     records = [p for d in RECORD_DIRS[:3] for p in (tmp_path / "results" / d).glob("**/*.json")]
     assert records
     for path in records:
@@ -214,3 +223,57 @@ def test_tiny_study_end_to_end(tmp_path):
     # rows keep theirs
     assert counts["simulate_cell"] == 5 and counts["paper_table"] == 4
     assert not {"record_trace", "bench_measured", "bench_wrapped"} & set(counts)
+
+
+def _simulated_rows(csv: Path) -> list[str]:
+    """The lines of a paper table's CSV that hold simulated cells (all of them when it has no timing column)."""
+    frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
+    if "timing" in frame:
+        frame = frame[frame["timing"] == "simulated"]
+    return frame.to_csv(index=False).splitlines()
+
+
+def test_two_clean_runs_write_identical_traces_and_simulated_outputs(tiny_study, tmp_path):
+    """Everything but a timing is deterministic: a second study from scratch, in another folder and without the
+    interrupt, writes byte-identical traces, simulated records and figures, and the same simulated table cells.
+    Measured and wrapped records differ (they are timed) and are not compared."""
+    r = snakemake("--cores", 2, "--configfile", TINY, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    first, second = tiny_study, tmp_path
+
+    def files(root, pattern):
+        return sorted(p.relative_to(root).as_posix() for p in root.glob(pattern))
+
+    traces = files(first, "results/traces/**/*.npz")
+    simulated = files(first, "results/simulated/**/*.json") + files(first, "results/whatif/*.json")
+    figures = [f for f in files(first, "paper_figs/*.p[dn][gf]") if not f.startswith("paper_figs/fig_overhead")]
+    assert len(traces) == 3 and len(simulated) >= 8 and len(figures) == 12
+    for name in traces + simulated + figures:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    for name in simulated:
+        record = json.loads((first / name).read_text())
+        assert record["timing"] == "simulated" and "created" not in record and str(first) not in json.dumps(record)
+    csvs = files(first, "paper_figs/*.csv")
+    assert csvs == files(second, "paper_figs/*.csv") and "paper_figs/table1.csv" in csvs
+    for name in csvs:
+        rows = _simulated_rows(first / name)
+        assert rows == _simulated_rows(second / name), name
+    assert len(_simulated_rows(first / "paper_figs/table1.csv")) > 5
+
+
+def test_a_clean_clone_rebuilds_every_output(tiny_study):
+    """A clean clone has the committed paper_figs/ but no results/: every output must still be planned for
+    rebuild (Snakemake does not rebuild a missing input of an existing output unless something targets it)."""
+    results, aside = tiny_study / "results", tiny_study / "results.aside"
+    results.rename(aside)
+    try:
+        r = snakemake("--summary", "--configfile", TINY, cwd=tiny_study)
+    finally:
+        if results.exists():
+            shutil.rmtree(results)
+        aside.rename(results)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    plans = {line.split("\t")[0]: line.split("\t")[-1] for line in r.stdout.splitlines()
+             if line.startswith("paper_figs/")}
+    assert "paper_figs/table6.csv" in plans and len(plans) == len(list((tiny_study / "paper_figs").iterdir()))
+    assert {f for f, plan in plans.items() if plan != "update pending"} == set()
