@@ -172,8 +172,8 @@ def test_engine_fate_copies_int4_when_lossy(micro, lossy):
         assert resident
         for layer, e in resident:
             slot = cache.slot_of[layer, e]
-            for dev, host in ((store.slot_gate_up[slot], store.host_gate_up[layer][e]),
-                              (store.slot_down[slot], store.host_down[layer][e])):
+            for name in ("gate_up_proj", "down_proj"):
+                dev, host = store.slots[name][slot], store.host[layer][name][e]
                 want = int4_reference(host.numpy()) if lossy else host.numpy()
                 assert np.array_equal(dev.numpy(), want)
                 assert np.array_equal(dev.numpy(), host.numpy()) is not lossy  # genuinely lossy
@@ -193,7 +193,7 @@ def test_engine_refuses_other_compression_ratios(micro):
 
 def bench(pair, out, *extra):
     return main(["bench", "--model-pair", str(pair), "--gamma", "2", "--no-progress", "--benchmark", "gsm8k",
-                 "--limit", "2", "--max-new-tokens", "6", "--out", str(out), *map(str, extra)])
+                 "--limit", "2", "--max-new-tokens", "6", "--cache-ratio", "0.5", "--out", str(out), *map(str, extra)])
 
 
 def check_static_calls(rec, trace, mask):
@@ -228,7 +228,7 @@ def test_bench_gives_static_placements_the_warmup_counts(micro_dir, tmp_path):
     # simulated from the trace: the first 16 steps of its first request
     sim = tmp_path / "sim.json"
     assert main(["bench", "--benchmark", "gsm8k", "--timing", "simulated", "--hardware", "rtx4090-pcie4",
-                 "--from-trace", str(path), "--policy", "fiddler", "--out", str(sim)]) == 0
+                 "--from-trace", str(path), "--policy", "fiddler", "--cache-ratio", "0.5", "--out", str(sim)]) == 0
     rs = validate_record(sim)
     n = min(16, len(first))
     w = rs["simulation"]["warmup_window"]

@@ -1,11 +1,15 @@
 """Hybrid device/host expert execution, registered in transformers' ExpertsInterface.
 
-`HybridRuntime(model, policy, ...)` registers the experts implementation `moespac_hybrid` and switches
-the model to it (no model code is edited). For every MoE layer and forward it asks the policy which
-activated experts run on the device (resident in the slot pool, or loaded on demand) and which on the
-host, launches the device part first (asynchronous on CUDA), computes the host part meanwhile, and merges.
-A copy worker thread serves the prefetch queue. Per-(token, slot) expert outputs are computed the same
-way wherever an expert runs and summed in a fixed order, so the split never changes the numerics on CPU.
+`HybridRuntime(model, policy, config, device)` takes the routed experts out of the model into an
+ExpertStore, moves the rest of the model to `device`, registers the experts implementation
+`moespac_hybrid` and switches the model to it (no model code is edited). For every MoE layer and forward
+it asks the policy which activated experts run on the device (resident in the slot pool, or loaded on
+demand) and which on the host, runs the device part as one grouped call over the slot pool and the host
+part as one grouped call over the host weights, and merges them in a fixed order. A copy worker thread
+serves the prefetch queue on the copy stream. `close()` gives the model back as it came.
+
+One path on every device: the few device primitives sit behind moespac.engine.device (torch.cuda on a GPU,
+a checked stand-in on a CPU), so the CPU tests run what a GPU runs.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch.nn.functional as F
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
 from moespac.cache import ExpertCache, PrefetchQueue
-from moespac.engine.kernels import expert_ffn
+from moespac.engine.device import COMPUTE, NO_EVENT, Device
+from moespac.engine.kernels import grouped_experts, grouped_mm_supported
 from moespac.engine.store import ExpertStore
 from moespac.errors import MoespacError
 from moespac.policy import Policy, PolicyContext, StepInfo, Topology, UnitCosts
@@ -28,10 +33,12 @@ from moespac.trace import TraceRecorder
 IMPL = "moespac_hybrid"
 
 
-def _hybrid_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+def _hybrid_experts_forward(self, hidden_states, top_k_index=None, top_k_weights=None, **kw):
     runtime = getattr(self, "_moespac_runtime", None)
     if runtime is None:
         raise RuntimeError("experts implementation 'moespac_hybrid' used without a HybridRuntime")
+    if top_k_index is None:  # gpt-oss style keywords
+        top_k_index, top_k_weights = kw["router_indices"], kw["routing_weights"]
     return runtime.layer_forward(self._moespac_layer, self, hidden_states, top_k_index, top_k_weights)
 
 
@@ -39,15 +46,30 @@ ExpertsInterface.register(IMPL, _hybrid_experts_forward)
 assert IMPL in ALL_EXPERTS_FUNCTIONS
 
 
+def is_experts_module(module) -> bool:
+    """A routed-experts module of transformers' experts interface (its decorator sets these flags)."""
+    return isinstance(module, torch.nn.Module) and hasattr(module, "has_gate") and hasattr(module, "has_bias") \
+        and (hasattr(module, "gate_up_proj") or hasattr(module, "up_proj")) and hasattr(module, "down_proj")
+
+
 def find_experts(model) -> list[tuple[torch.nn.Module, torch.nn.Module | None]]:
     """(experts module, its router) for every routed-MoE layer, in layer order."""
     out = []
     for _, parent in model.named_modules():
         experts = getattr(parent, "experts", None)
-        if isinstance(experts, torch.nn.Module) and hasattr(experts, "gate_up_proj") and hasattr(experts, "down_proj") \
-                and getattr(experts.gate_up_proj, "dim", lambda: 0)() == 3:
-            out.append((experts, getattr(parent, "gate", None)))
+        if is_experts_module(experts):
+            router = next((getattr(parent, n) for n in ("gate", "router") if hasattr(parent, n)), None)
+            out.append((experts, router))
     return out
+
+
+def experts_per_token(model, experts) -> int:
+    c = experts.config if hasattr(experts, "config") else model.config
+    c = c.get_text_config() if hasattr(c, "get_text_config") else c
+    for name in ("num_experts_per_tok", "moe_topk", "top_k"):
+        if getattr(c, name, None):
+            return int(getattr(c, name))
+    raise MoespacError(f"{type(model).__name__}: no experts-per-token in its config")
 
 
 @dataclass(frozen=True)
@@ -61,10 +83,12 @@ class RuntimeConfig:
     per_layer: bool = False
     """Partition the slots evenly per layer instead of one global pool (the authors' code is global)."""
     copy_mode: str = "async"
-    """'async': a worker thread serves prefetches concurrently; 'sync': prefetches complete at the end of
-    the layer that asked (an infinitely fast link; deterministic, for tests)."""
+    """'async': a worker thread serves prefetches concurrently; 'sync': prefetches are issued at the end of
+    the layer that asked, in order (deterministic slot choice, for tests)."""
     trace_cross_layer: bool = True
     """Record, for layer l, the top-k of layer l+1's router on layer l's input (predictor baselines need it)."""
+    slots: int | None = None
+    """Device slots, exactly (the memory plan's count); overrides cache_ratio and cache_gib."""
 
     def __post_init__(self):
         if not 0.0 <= self.cache_ratio <= 1.0:
@@ -74,41 +98,45 @@ class RuntimeConfig:
         if self.copy_mode not in ("async", "sync"):
             raise MoespacError(f"copy_mode {self.copy_mode!r}: 'async' or 'sync'")
 
+    def slot_count(self, total: int, expert_bytes: int) -> int:
+        """Slots for `total` routed experts of `expert_bytes` each."""
+        if self.slots is not None:
+            return min(self.slots, total)
+        n = int(self.cache_gib * 2**30 // expert_bytes) if self.cache_gib is not None else round(self.cache_ratio * total)
+        return min(n, total)
+
 
 class HybridRuntime:
-    def __init__(self, model, policy: Policy, config: RuntimeConfig = RuntimeConfig(), device: str | None = None,
+    def __init__(self, model, policy: Policy, config: RuntimeConfig = RuntimeConfig(), device: str | Device | None = None,
                  costs: UnitCosts | None = None):
         pairs = find_experts(model)
         if not pairs:
             raise MoespacError(f"{type(model).__name__} has no routed experts (not an MoE model)")
+        if getattr(model, "_moespac_runtime", None) is not None:
+            raise MoespacError("this model already has an open HybridRuntime; close() it first")
         self.model, self.policy, self.config = model, policy, config
         self.experts = [m for m, _ in pairs]
         self.routers = [r for _, r in pairs]
-        m0 = self.experts[0]
-        L, E = len(self.experts), m0.gate_up_proj.shape[0]
-        k = int(getattr(m0.config, "num_experts_per_tok", 0) or 0)
-        self.topology = Topology(L, E, k)
-        self.device = torch.device(device) if device else next(model.parameters()).device
-        one = (m0.gate_up_proj[0].numel() + m0.down_proj[0].numel()) * m0.gate_up_proj.element_size()
-        capacity = int(config.cache_gib * 2**30 // one) if config.cache_gib is not None else round(config.cache_ratio * L * E)
-        capacity = min(capacity, L * E)
-        self.store = ExpertStore(self.experts, capacity, self.device, policy.transfer_scale)  # < 1: INT4 copies
-        self.cache = ExpertCache(self.topology, capacity, capacity // L if config.per_layer else None,
-                                 expert_bytes=self.store.copy_bytes)
+        self._home = next(model.parameters()).device  # where close() puts the model back
+        self.device = device if isinstance(device, Device) else Device(device or self._home)
+        self.store = ExpertStore(self.experts, 0, self.device, policy.transfer_scale)
+        L, E = len(self.experts), self.store.num_experts
+        self.topology = Topology(L, E, experts_per_token(model, self.experts[0]))
         self.costs = costs or UnitCosts()
         self.queue = PrefetchQueue()
         self.cv = threading.Condition(threading.RLock())
-        self._inflight_layer: int | None = None
+        self._issuing: int | None = None  # layer whose prefetch the worker is issuing outside the lock
         self.recorder: TraceRecorder | None = None
         self.step: StepInfo | None = None
-        self.tau_log: list = []
         self._prev_impl = model.config._experts_implementation
+        self.grouped = grouped_mm_supported(self.device.torch_device, self.store.dtype)
+        self._staging: dict[str, torch.Tensor] = {}
+        self._h2d_done = NO_EVENT
+        self.reconfigure(config)
         for i, m in enumerate(self.experts):
             m._moespac_runtime, m._moespac_layer = self, i
-        if self.store.cuda:  # routed experts live on the host; free their device copies
-            for m in self.experts:
-                m.gate_up_proj = torch.nn.Parameter(torch.empty(0, device=self.device), requires_grad=False)
-                m.down_proj = torch.nn.Parameter(torch.empty(0, device=self.device), requires_grad=False)
+        model._moespac_runtime = self
+        model.to(self.device.torch_device)  # what is left: attention, norms, routers, shared experts, embeddings
         model.set_experts_implementation(IMPL)
         self._worker = None
         if config.copy_mode == "async":
@@ -116,12 +144,37 @@ class HybridRuntime:
             self._worker = threading.Thread(target=self._serve_prefetches, name="moespac-copy", daemon=True)
             self._worker.start()
 
+    def reconfigure(self, config: RuntimeConfig, policy: Policy | None = None) -> None:
+        """(Re)size the slot pool for `config`, and switch policy if one is given (several cache ratios and
+        policies on one loaded model). The pool is replaced only when its size changes."""
+        if policy is not None:
+            if policy.transfer_scale != self.policy.transfer_scale:
+                raise MoespacError("a runtime cannot switch between lossy and exact copies; build a new one")
+            self.policy = policy
+        with self.cv:
+            self.queue.clear()
+            self._wait_issuing()
+            self.device.synchronize()
+            L, E = self.topology.num_layers, self.topology.num_experts
+            capacity = config.slot_count(L * E, self.store.expert_bytes)
+            if capacity != self.store.capacity:
+                self.store.slots = {}  # the old pool goes before the new one is allocated
+                self.store.slots = {n: torch.empty((capacity, *shape[1:]), dtype=self.store.dtype,
+                                                   device=self.device.torch_device)
+                                    for n, shape in self.store.shapes.items()}
+            self.store.capacity = capacity
+            self.store.ready = [NO_EVENT] * capacity
+            self.store.read_done = [NO_EVENT] * capacity
+            self.config = config
+            self.cache = ExpertCache(self.topology, capacity, capacity // L if config.per_layer else None,
+                                     expert_bytes=self.store.copy_bytes)
+
     # -- request / step lifecycle ---------------------------------------------------------------------
     def start_request(self, gamma: int, batch_size: int = 1, signals=frozenset(), warmup_counts=None) -> None:
         """Reset the policy and the cache for a new request and fill the initial placement."""
         with self.cv:
             self.queue.clear()
-            self._wait_idle()
+            self._wait_issuing()
             self.cache = ExpertCache(self.topology, self.cache.capacity, self.cache.per_layer_capacity,
                                      expert_bytes=self.store.copy_bytes)
             sig = set(signals) | {"cross_layer_topk"} if self.config.trace_cross_layer else set(signals)
@@ -152,12 +205,22 @@ class HybridRuntime:
             self.recorder.end(accepted, emitted)
 
     def close(self) -> None:
+        """Stop the copy worker and give the model back as it came: its experts in place, on its device."""
         if self._worker is not None:
             self._stop = True
             self.queue.close()
             self._worker.join(timeout=5)
             self._worker = None
+        if getattr(self.model, "_moespac_runtime", None) is not self:
+            return
+        self.device.synchronize()
         self.model.set_experts_implementation(self._prev_impl)
+        self.store.restore()
+        self.store.slots = {}
+        for m in self.experts:
+            m._moespac_runtime = None
+        self.model._moespac_runtime = None
+        self.model.to(self._home)
 
     # -- prefetching -------------------------------------------------------------------------------
     def _push(self, requests) -> None:
@@ -172,17 +235,19 @@ class HybridRuntime:
             self.queue.push(requests)
 
     def _prefetch_one(self, r) -> None:
+        """Reserve a slot and issue the copy; the expert is resident at once, and compute waits for its copy
+        on the device (its ready event), never on the host."""
         with self.cv:
             slot = self.cache.start_prefetch(r.layer, r.expert, self.policy)
             if slot is None:
                 return
-            self._inflight_layer = r.layer
+            self._issuing = r.layer
             cache = self.cache
-        self.store.copy_in(r.layer, r.expert, slot, wait=True)
+        self.store.copy_in(r.layer, r.expert, slot)  # on the CPU stand-in the copy itself runs here
         with self.cv:
             if cache is self.cache:  # a new request may have reset the cache meanwhile
                 cache.finish_prefetch(r.layer, r.expert)
-            self._inflight_layer = None
+            self._issuing = None
             self.cv.notify_all()
 
     def _serve_prefetches(self) -> None:
@@ -191,21 +256,22 @@ class HybridRuntime:
             if r is not None:
                 self._prefetch_one(r)
 
-    def _wait_idle(self, layer: int | None = None) -> None:
+    def _wait_issuing(self, layer: int | None = None) -> None:
+        """Wait until the worker has issued the copy it reserved a slot for (for `layer`, or any)."""
         with self.cv:
-            while self._inflight_layer is not None and (layer is None or self._inflight_layer == layer):
+            while self._issuing is not None and (layer is None or self._issuing == layer):
                 self.cv.wait()
 
     # -- the layer -----------------------------------------------------------------------------------
     def layer_forward(self, layer: int, module, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
         E = self.topology.num_experts
         T, k = ids.shape
-        ids_host = ids.to("cpu", torch.int64).reshape(-1)
-        counts = torch.bincount(ids_host, minlength=E).numpy()
-        cache, counters = self.cache, self.cache.counters
+        flat = ids.reshape(-1).to("cpu", torch.int64).numpy()  # the policy needs the routing: one device sync
+        counts = np.bincount(flat, minlength=E)
+        cache, counters, store = self.cache, self.cache.counters, self.store
         with self.cv:
             counters.prefetch_dropped += self.queue.drop_layer(layer)
-            self._wait_idle(layer)  # a copy for this layer already on the link is worth its wait
+            self._wait_issuing(layer)  # a copy for this layer being issued is worth its wait
             active = counts > 0
             hit = active & cache.resident[layer]
             plan = self.policy.plan_layer(layer, counts, cache)
@@ -219,8 +285,8 @@ class HybridRuntime:
                     continue  # no victim: the expert runs on the host
                 loaded.append((int(e), slot))
                 cache.frozen[layer, e] = True
-            for e, slot in loaded:  # blocking on-demand loads (the layer cannot start without them)
-                self.store.copy_in(layer, e, slot, wait=False)
+            for e, slot in loaded:  # on-demand loads: issued now, waited for by this layer's compute only
+                store.copy_in(layer, e, slot)
                 cache.commit(layer, e)
             on_device = active & cache.resident[layer]
             if plan.host is not None:
@@ -228,50 +294,84 @@ class HybridRuntime:
             counters.hits += int((hit & on_device).sum())
             counters.loads += len(loaded)
             counters.host += int((active & ~on_device).sum())
-            counters.bytes_copied += len(loaded) * self.store.copy_bytes
-            slots = cache.slot_of[layer].copy()
-        if loaded and self.store.cuda:
-            torch.cuda.current_stream(self.device).wait_stream(self.store.copy_stream)
-        out = self._compute(module, hidden, ids_host, weights, counts, on_device, slots, T, k)
-        self.store.mark_compute()
+            counters.bytes_copied += len(loaded) * store.copy_bytes
+            slot_of = cache.slot_of[layer].copy()
+        out = self._compute(layer, module, hidden, flat, weights, counts, on_device, slot_of, T, k)
         cross = self._cross_layer(layer, hidden)
         if cross is not None and self.step is not None and "cross_layer_topk" in self.step.signals:
-            self.step.signals["cross_layer_topk"][layer] = cross
+            self.step.signals["cross_layer_topk"][layer] = cross.cpu().numpy()  # the policy reads it now
         with self.cv:
             cache.frozen[layer] = False
             requests = self.policy.end_layer(layer, counts, cache)
         self._push(requests)
-        if self.recorder is not None:
-            self.recorder.layer(layer, ids_host.view(T, k).numpy(), weights.detach().float().cpu().numpy(), cross)
+        if self.recorder is not None:  # device tensors, read once at the end of the step
+            self.recorder.layer(layer, flat.reshape(T, k), weights.detach(), cross)
         return out
 
-    def _compute(self, module, hidden, ids_host, weights, counts, on_device, slots, T, k):
-        """Run every activated expert once, device part first (async on CUDA), then the host part; merge."""
+    def _compute(self, layer, module, hidden, flat, weights, counts, on_device, slot_of, T, k):
+        """Device experts as one grouped call over the slot pool, host experts as one over the host weights;
+        each (token, k) row keeps its routing weight and the rows are summed per token in a fixed order."""
+        dev, store = self.device, self.store
+        lay = store.layouts[layer]
         H = hidden.shape[-1]
-        order = torch.argsort(ids_host, stable=True)
-        starts = np.concatenate([[0], np.cumsum(counts)])
-        act = module.act_fn
-        rows_out = torch.empty((T * k, H), dtype=hidden.dtype, device=hidden.device)
-        order_dev = order.to(hidden.device, non_blocking=True)
-        host_experts = []
-        for e in np.flatnonzero(counts):
-            if not on_device[e]:
-                host_experts.append(e)
-                continue
-            rows = order_dev[starts[e]:starts[e + 1]]
-            s = int(slots[e])
-            rows_out[rows] = expert_ffn(hidden[rows // k], self.store.slot_gate_up[s], self.store.slot_down[s], act)
-        if host_experts:
-            hidden_host = hidden.to("cpu", non_blocking=False) if self.store.cuda else hidden
-            gu, dn = self.store.host_gate_up[module._moespac_layer], self.store.host_down[module._moespac_layer]
-            for e in host_experts:
-                rows = order[starts[e]:starts[e + 1]]
-                y = expert_ffn(hidden_host[rows // k], gu[e], dn[e], act)
-                rows_out[rows.to(hidden.device)] = y.to(hidden.device, non_blocking=True)
-        w = weights.to(rows_out.dtype).reshape(T, k, 1)
-        return (rows_out.view(T, k, H) * w).sum(dim=1).to(hidden.dtype)
+        dev_row = on_device[flat]
+        # rows sorted by group: device rows by slot first, then host rows by expert (stable: token order kept)
+        key = np.where(dev_row, slot_of[flat], store.capacity + flat)
+        order = np.argsort(key, kind="stable")
+        n_dev = int(dev_row.sum())
+        used = np.flatnonzero(counts * on_device)
+        slot_counts = np.zeros(store.capacity, dtype=np.int64)
+        slot_counts[slot_of[used]] = counts[used]
+        order_t = torch.as_tensor(order).to(hidden.device, non_blocking=True)
+        x = hidden[order_t // k]
+        parts = []
+        if n_dev:
+            dev.wait(COMPUTE, max((store.ready[s] for s in slot_of[used]), key=lambda e: e.value))
+            dev.read_slots([(int(slot_of[e]), (layer, int(e))) for e in used])
+            parts.append(grouped_experts(module, lay, x[:n_dev], store.slots, slot_counts, self.grouped))
+            done = dev.record(COMPUTE)
+            for s in slot_of[used]:
+                store.read_done[s] = done
+        if n_dev < len(flat):
+            host_counts = np.where(on_device, 0, counts)
+            parts.append(self._host_part(layer, module, x[n_dev:], host_counts))
+        rows = torch.cat(parts) if len(parts) > 1 else parts[0]
+        rows_out = torch.empty_like(rows)
+        rows_out[order_t] = rows
+        # the routing weight times each row, then the k rows of a token summed: transformers' own order and dtypes
+        return (rows_out * weights.reshape(-1, 1)).view(T, k, H).sum(dim=1).to(hidden.dtype)
 
-    def _cross_layer(self, layer: int, hidden: torch.Tensor) -> np.ndarray | None:
+    def _host_part(self, layer, module, x, counts):
+        """Host experts on the host weights; on a GPU their rows go through pinned buffers both ways."""
+        dev, store = self.device, self.store
+        if not dev.cuda:
+            return grouped_experts(module, store.layouts[layer], x, store.host[layer], counts,
+                                   grouped_mm_supported(torch.device("cpu"), store.dtype))
+        n, H = x.shape
+        x_host = self._stage("x", n, H, x.dtype)
+        x_host.copy_(x, non_blocking=True)
+        dev.host_wait(dev.record(COMPUTE))  # the second device sync of the layer: its host rows
+        y = grouped_experts(module, store.layouts[layer], x_host, store.host[layer], counts,
+                            grouped_mm_supported(torch.device("cpu"), store.dtype))
+        dev.host_wait(self._h2d_done)  # the previous layer's rows have left the pinned buffer
+        y_host = self._stage("y", n, H, y.dtype)
+        y_host.copy_(y)
+        out = y_host.to(dev.torch_device, non_blocking=True)
+        self._h2d_done = dev.record(COMPUTE)
+        return out
+
+    def _stage(self, name: str, n: int, H: int, dtype) -> torch.Tensor:
+        """A pinned [n, H] host buffer, grown as needed (exactly sized blocks)."""
+        need = n * H * torch.empty((), dtype=dtype).element_size()
+        buf = self._staging.get(name)
+        if buf is None or buf.numel() < need:
+            if buf is not None:
+                self.device.synchronize()
+                self.device.release_host_block(buf)
+            buf = self._staging[name] = self.device.host_block(max(need, 2 * (buf.numel() if buf is not None else 0)))
+        return buf[:need].view(dtype).view(n, H)
+
+    def _cross_layer(self, layer: int, hidden: torch.Tensor) -> torch.Tensor | None:
         """Top-k of layer l+1's router on layer l's input (Fate / SpecExp predictors); None at the last layer
         or when neither the policy nor the trace wants it."""
         wanted = "cross_layer_topk" in self.policy.requires or (self.recorder is not None and self.config.trace_cross_layer)
@@ -280,8 +380,9 @@ class HybridRuntime:
         router = self.routers[layer + 1]
         if router is None or not hasattr(router, "weight"):
             return None
-        logits = F.linear(hidden.to(router.weight.dtype), router.weight)
-        return torch.topk(logits, self.topology.top_k, dim=-1).indices.cpu().numpy()
+        bias = getattr(router, "bias", None)
+        logits = F.linear(hidden.to(router.weight.dtype), router.weight, bias if isinstance(bias, torch.Tensor) else None)
+        return torch.topk(logits, self.topology.top_k, dim=-1).indices
 
     # -- results -------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -289,3 +390,4 @@ class HybridRuntime:
         d.update(capacity=self.cache.capacity, expert_bytes=self.store.expert_bytes,
                  policy=self.policy.name, policy_stats=self.policy.describe())
         return d
+

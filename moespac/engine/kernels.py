@@ -1,23 +1,117 @@
-"""The expert FFN kernel, shared by the hybrid layer, `numerics` and `calibrate`."""
+"""Routed-expert math as transformers' experts classes define it, over any stack of expert weights.
+
+A transformers experts module (decorated with `use_experts_implementation`) says how its experts compute:
+a gated `gate_up_proj` or a plain `up_proj`, optional biases, weights stored [E, out, in] or transposed
+[E, in, out], its own `_apply_gate` (which also handles interleaved gate/up layouts) and an optional post-
+expert norm. `ExpertLayout` reads that once; `grouped_experts` then runs rows sorted by group through any
+stack of weights with those names: the host store (group = expert id) or the device slot pool (group =
+slot). One grouped matmul per projection where torch has the kernel for the device and dtype, else one
+matmul per non-empty group. Either way a group's rows are computed by the same call wherever they run, so
+the device/host split never changes the numbers on a CPU.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from moespac.errors import MoespacError
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Which tensors hold one layer's routed experts, and how they compute."""
+
+    names: tuple[str, ...]
+    """Expert tensors (leading dim = experts): the up projection, down_proj, then their biases if any."""
+    has_gate: bool
+    has_bias: bool
+    is_transposed: bool
+    has_post_expert_norm: bool
+
+    @property
+    def up(self) -> str:
+        return self.names[0]
+
+    @classmethod
+    def of(cls, module, where: str) -> "ExpertLayout":
+        """The layout of a transformers experts module; a layout the engine cannot run fails naming why."""
+        has_gate = bool(getattr(module, "has_gate", True))
+        has_bias = bool(getattr(module, "has_bias", False))
+        up = "gate_up_proj" if has_gate else "up_proj"
+        names = (up, "down_proj") + ((f"{up}_bias", "down_proj_bias") if has_bias else ())
+        experts = None
+        for name in names:
+            t = getattr(module, name, None)
+            if not isinstance(t, torch.Tensor):
+                raise MoespacError(f"{where} ({type(module).__name__}): no expert tensor {name!r}; unsupported experts layout")
+            if t.dtype not in FLOAT_DTYPES:
+                raise MoespacError(f"{where} ({type(module).__name__}): expert tensor {name!r} is {t.dtype} "
+                                   "(quantized experts are not supported; load the model dequantized, e.g. --dtype bf16)")
+            if experts is not None and t.shape[0] != experts:
+                raise MoespacError(f"{where}: expert tensors disagree on the number of experts")
+            experts = t.shape[0]
+        if has_gate and not hasattr(module, "_apply_gate"):
+            raise MoespacError(f"{where} ({type(module).__name__}): gated experts without _apply_gate "
+                               "(transformers older than the supported range?)")
+        return cls(names, has_gate, has_bias, bool(getattr(module, "is_transposed", False)),
+                   bool(getattr(module, "has_post_expert_norm", False)))
+
+
+def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """torch's grouped matmul has kernels for fp32/bf16/fp16 on CPUs and on CUDA from compute capability 8.0."""
+    if not hasattr(F, "grouped_mm") or dtype == torch.float64:
+        return False
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cpu"
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor | None, counts: np.ndarray,
+            transposed: bool) -> torch.Tensor:
+    """Rows x [S, in] sorted by group through w [G, out, in] (or [G, in, out] when transposed)."""
+    if offsets is not None:
+        return F.grouped_mm(x, w if transposed else w.transpose(-2, -1), offs=offsets)
+    parts, start = [], 0
+    for g in np.flatnonzero(counts):
+        n = int(counts[g])
+        rows = x[start:start + n]
+        parts.append(rows @ w[g] if transposed else F.linear(rows, w[g]))
+        start += n
+    return torch.cat(parts) if parts else x.new_zeros((0, w.shape[-1] if transposed else w.shape[-2]))
+
+
+def grouped_experts(module, layout: ExpertLayout, x: torch.Tensor, weights: dict, counts: np.ndarray,
+                    grouped: bool) -> torch.Tensor:
+    """Expert outputs for rows x [S, H], sorted by group, counts[g] rows of group g (g indexes the leading dim
+    of every tensor in `weights`). transformers' semantics: up (+ bias), gate or activation, down (+ bias),
+    post-expert norm. No routing weight is applied here."""
+    if not len(x):
+        return x.new_zeros((0, x.shape[-1]))
+    offsets, group_of_row = None, None
+    if grouped:
+        offsets = torch.as_tensor(np.cumsum(counts, dtype=np.int32)).to(x.device, non_blocking=True)
+    if layout.has_bias:
+        group_of_row = torch.as_tensor(np.repeat(np.arange(len(counts)), counts)).to(x.device, non_blocking=True)
+    h = _linear(x, weights[layout.up], offsets, counts, layout.is_transposed)
+    if layout.has_bias:
+        h = h + weights[layout.names[2]][group_of_row]
+    h = module._apply_gate(h) if layout.has_gate else module.act_fn(h)
+    y = _linear(h, weights["down_proj"], offsets, counts, layout.is_transposed)
+    if layout.has_bias:
+        y = y + weights[layout.names[3]][group_of_row]
+    if layout.has_post_expert_norm:
+        y = module.post_expert_norm(y)
+    return y
+
 
 def expert_ffn(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act_fn) -> torch.Tensor:
-    """One routed expert on its tokens: down(act(gate(x)) * up(x)).
-
-    x [n, H]; gate_up [2I, H] (gate rows first, transformers' concatenated layout); down [H, I].
-    """
+    """One gated expert (concatenated layout, no bias) on its tokens: down(act(gate(x)) * up(x)); the unit the
+    calibration times. x [n, H]; gate_up [2I, H]; down [H, I]."""
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
     return F.linear(act_fn(gate) * up, down)
-
-
-def group_by_expert(flat_ids: torch.Tensor, num_experts: int):
-    """Sort (token, slot) rows by expert: returns (order, counts) with rows of expert e at
-    order[offsets[e]:offsets[e+1]]; stable so each expert's rows keep token order."""
-    order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=num_experts)
-    return order, counts

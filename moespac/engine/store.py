@@ -1,8 +1,13 @@
-"""Expert weights: host copies of every routed expert, and a device slot pool the cache fills.
+"""Expert weights out of the model: host copies of every routed expert, and the device slot pool.
 
-On CUDA the host copies are pinned and copies run on their own stream; a copy waits for the compute
-that may still read the slot (an event recorded after each layer), and the caller learns completion
-from an event. On a CPU-only machine the "device" pool is a second host buffer and a copy is a memcpy.
+`ExpertStore(experts, capacity, device)` takes the routed expert tensors out of the model's experts
+modules, the same way on every device: layer by layer, into one exactly sized host block per layer (page-
+locked on CUDA) whose views replace nothing in the model (its experts become empty placeholders), so the
+host never holds two full copies of the experts. `restore()` puts them back where they were, so the model
+works again after the runtime closes and a second runtime can be built on it.
+
+A copy into a slot runs on the copy stream after the last compute that read the slot (`read_done`), and
+records the slot's `ready` event that compute waits for: no host wait anywhere on that path.
 
 transfer_scale < 1 (Fate's lossy variant: policy.transfer_scale = 0.25) copies experts as INT4: every
 weight row (output channel) is quantised symmetrically to 4 bits once on the host, two values a byte, and
@@ -13,7 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from moespac.engine.device import COPY, NO_EVENT, Device, Event
+from moespac.engine.kernels import ExpertLayout
 from moespac.errors import MoespacError
+
+ALIGN = 256  # bytes: each tensor of a host block starts on a boundary that every matmul kernel accepts
 
 
 def int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,70 +40,87 @@ def int4_unpack(packed: torch.Tensor, scale: torch.Tensor, shape) -> torch.Tenso
     return (q.float() - 8).view(shape) * scale
 
 
+def _round_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 class ExpertStore:
-    def __init__(self, experts: list, capacity: int, device: torch.device, transfer_scale: float = 1.0):
+    def __init__(self, experts: list, capacity: int, device: Device, transfer_scale: float = 1.0):
+        self.layouts = [ExpertLayout.of(m, f"MoE layer {i}") for i, m in enumerate(experts)]
+        self.layout = self.layouts[0]
         m0 = experts[0]
-        for i, m in enumerate(experts):
-            if getattr(m, "has_bias", False) or getattr(m, "is_transposed", False) or not getattr(m, "has_gate", True) \
-                    or not getattr(m, "is_concatenated", True):
-                raise MoespacError(f"MoE layer {i} ({type(m).__name__}): unsupported experts layout "
-                                   "(needs fused gate_up_proj [E, 2I, H] and down_proj [E, H, I], no bias)")
-            if m.gate_up_proj.shape != m0.gate_up_proj.shape or m.down_proj.shape != m0.down_proj.shape:
-                raise MoespacError(f"MoE layer {i}: expert shapes differ across layers; not supported")
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self.dtype = m0.gate_up_proj.dtype
-        # Host copies stay where transformers loaded them on CPU; pinned on CUDA for async copies
-        self.host_gate_up = [self._host(m.gate_up_proj.data) for m in experts]
-        self.host_down = [self._host(m.down_proj.data) for m in experts]
-        _, two_i, h = m0.gate_up_proj.shape
-        self.slot_gate_up = torch.empty((capacity, two_i, h), dtype=self.dtype, device=self.device)
-        self.slot_down = torch.empty((capacity, h, two_i // 2), dtype=self.dtype, device=self.device)
-        self.expert_bytes = (two_i * h + h * two_i // 2) * self.slot_gate_up.element_size()
+        shapes = {n: tuple(getattr(m0, n).shape) for n in self.layout.names}
+        for i, (m, lay) in enumerate(zip(experts, self.layouts)):
+            if lay != self.layout or any(tuple(getattr(m, n).shape) != s for n, s in shapes.items()):
+                raise MoespacError(f"MoE layer {i}: expert shapes or layout differ from layer 0's; not supported")
+        self.device = device
+        self.experts = experts
+        self.dtype = getattr(m0, self.layout.up).dtype
+        self.num_experts = shapes[self.layout.up][0]
+        self.expert_bytes = sum(torch.Size(s[1:]).numel() for s in shapes.values()) * getattr(m0, self.layout.up).element_size()
         self.int4 = transfer_scale < 1.0
         if self.int4 and transfer_scale != 0.25:
             raise MoespacError(f"transfer_scale {transfer_scale}: the engine's compressed copies are INT4 only (0.25)")
         self.copy_bytes = round(self.expert_bytes * transfer_scale)  # what one copy counts, as the simulator does
-        if self.int4:  # quantised once, as Fate keeps the INT4 versions on the host
-            self.int4_gate_up = [[tuple(map(self._host, int4_pack(w))) for w in t] for t in self.host_gate_up]
-            self.int4_down = [[tuple(map(self._host, int4_pack(w))) for w in t] for t in self.host_down]
-        self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self._compute_done = None  # event after the latest layer's device compute
+        self._taken: list[tuple] = []  # (module, name, device the tensor came from)
+        self._blocks: list[torch.Tensor] = []
+        self.host: list[dict[str, torch.Tensor]] = [self._take(m) for m in experts]
+        self.host_bytes = sum(b.numel() for b in self._blocks)
+        self.shapes = {n: torch.Size(s) for n, s in shapes.items()}
+        self.slots = {n: torch.empty((capacity, *s[1:]), dtype=self.dtype, device=device.torch_device)
+                      for n, s in shapes.items()}
+        self.capacity = capacity
+        if self.int4:  # quantised once, as Fate keeps the INT4 versions on the host (weights only; biases exact)
+            self.int4_host = [{n: [int4_pack(w) for w in layer[n]] for n in self.layout.names[:2]} for layer in self.host]
+        self.ready: list[Event] = [NO_EVENT] * capacity  # copy that filled the slot
+        self.read_done: list[Event] = [NO_EVENT] * capacity  # latest compute that read the slot
 
-    def _host(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach().to("cpu")
-        return t.pin_memory() if self.cuda else t
+    # -- taking the experts out of the model, and giving them back -------------------------------------
+    def _take(self, module) -> dict[str, torch.Tensor]:
+        """One layer's expert tensors into one host block; the module keeps empty placeholders."""
+        tensors = {n: getattr(module, n) for n in self.layout.names}
+        offsets, total = {}, 0
+        for n, t in tensors.items():
+            offsets[n] = total
+            total += _round_up(t.numel() * t.element_size())
+        block = self.device.host_block(total)
+        self._blocks.append(block)
+        views = {}
+        for n, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            view = block[offsets[n]:offsets[n] + nbytes].view(t.dtype).view(t.shape)
+            view.copy_(t.detach())
+            views[n] = view
+            self._taken.append((module, n, t.device))
+            setattr(module, n, torch.nn.Parameter(torch.empty(0, dtype=t.dtype, device=t.device), requires_grad=False))
+        return views
 
-    def mark_compute(self) -> None:
-        """Record that device compute issued so far may read slots (copies into slots wait for it)."""
-        if self.cuda:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(self.device))
-            self._compute_done = ev
+    def restore(self) -> None:
+        """Put every expert tensor back into its module, on the device it came from."""
+        by_module = {id(m): layer for layer, m in enumerate(self.experts)}
+        for module, name, device in self._taken:
+            t = self.host[by_module[id(module)]][name]
+            setattr(module, name, torch.nn.Parameter(t.to(device) if device.type != "cpu" else t, requires_grad=False))
+        self._taken = []
+        for block in self._blocks:
+            self.device.release_host_block(block)
+        self._blocks = []
 
-    def copy_in(self, layer: int, expert: int, slot: int, wait: bool = True):
-        """Copy (layer, expert) into `slot`. Returns a CUDA event (None on CPU); `wait` blocks until done."""
-        if not self.cuda:
-            self._fill(layer, expert, slot)
-            return None
-        with torch.cuda.stream(self.copy_stream):
-            if self._compute_done is not None:
-                self.copy_stream.wait_event(self._compute_done)
-            self._fill(layer, expert, slot)
-            done = torch.cuda.Event()
-            done.record(self.copy_stream)
-        if wait:
-            done.synchronize()
-        return done
-
-    def _fill(self, layer: int, expert: int, slot: int) -> None:
-        """Issue the copies of (layer, expert) into `slot` on the current stream."""
-        nb = self.cuda
-        if not self.int4:
-            self.slot_gate_up[slot].copy_(self.host_gate_up[layer][expert], non_blocking=nb)
-            self.slot_down[slot].copy_(self.host_down[layer][expert], non_blocking=nb)
-            return
-        for dst, (codes, scale) in ((self.slot_gate_up[slot], self.int4_gate_up[layer][expert]),
-                                    (self.slot_down[slot], self.int4_down[layer][expert])):
-            codes, scale = codes.to(self.device, non_blocking=nb), scale.to(self.device, non_blocking=nb)
-            dst.copy_(int4_unpack(codes, scale, dst.shape))
+    # -- copies ----------------------------------------------------------------------------------------
+    def copy_in(self, layer: int, expert: int, slot: int) -> Event:
+        """Issue the copy of (layer, expert) into `slot` on the copy stream; returns (and keeps) its ready event."""
+        dev = self.device
+        with dev.on_copy_stream():
+            dev.wait(COPY, self.read_done[slot])
+            if not self.int4:
+                pairs = [(self.slots[n][slot], self.host[layer][n][expert]) for n in self.layout.names]
+            else:
+                pairs = [(self.slots[n][slot], self.host[layer][n][expert]) for n in self.layout.names[2:]]
+                for n in self.layout.names[:2]:
+                    codes, scale = self.int4_host[layer][n][expert]
+                    dst = self.slots[n][slot]
+                    codes, scale = codes.to(dev.torch_device, non_blocking=dev.cuda), scale.to(dev.torch_device)
+                    pairs.append((dst, int4_unpack(codes, scale, dst.shape)))
+            dev.copy_into_slot(slot, (layer, expert), pairs)
+            ready = self.ready[slot] = dev.record(COPY)
+        return ready
