@@ -164,6 +164,12 @@ def load_trace(path: str | Path) -> Trace:
                  cross_topk=data.get("cross_topk")).validate(f"trace {path}")
 
 
+def _host(x) -> np.ndarray:
+    """A numpy array of x (a torch tensor on any device, without importing torch here, or an array)."""
+    return x.float().cpu().numpy() if hasattr(x, "cpu") and getattr(x, "is_floating_point", lambda: False)() \
+        else (x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x))
+
+
 class TraceRecorder:
     """Collects steps while the engine runs; `finish()` returns a validated Trace."""
 
@@ -181,19 +187,22 @@ class TraceRecorder:
         L, k = self.topology.num_layers, self.topology.top_k
         self._cur = dict(kind=KINDS.index(kind), request=request, tokens=num_tokens, gamma=gamma,
                          ids=np.full((num_tokens, L, k), -1, np.int16), w=np.zeros((num_tokens, L, k), np.float16),
-                         cross=np.full((num_tokens, L, k), -1, np.int16))
+                         cross=np.full((num_tokens, L, k), -1, np.int16), pending=[])
 
-    def layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, cross: np.ndarray | None) -> None:
+    def layer(self, layer: int, ids: np.ndarray, weights, cross=None) -> None:
+        """One layer's routing. weights / cross may be device tensors: they are read once, at end()."""
         c = self._cur
         if c is None:
             return
         c["ids"][:, layer] = ids
-        c["w"][:, layer] = weights
-        if cross is not None:
-            c["cross"][:, layer] = cross
+        c["pending"].append((layer, weights, cross))
 
     def end(self, accepted: int, emitted: int) -> None:
         c, self._cur = self._cur, None
+        for layer, weights, cross in c.pop("pending"):
+            c["w"][:, layer] = _host(weights)
+            if cross is not None:
+                c["cross"][:, layer] = _host(cross)
         if (c["ids"] < 0).any():
             raise MoespacError("trace recorder: a layer reported no routing for this step (hook not installed?)")
         for name, val in (("step_kind", c["kind"]), ("step_request", c["request"]), ("step_tokens", c["tokens"]),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moespac.engine.kvcache import CachedModel
 from moespac.errors import MoespacError
 from moespac.policy import StepInfo
 
@@ -62,9 +63,10 @@ def greedy_accept(target_argmax: torch.Tensor, drafts: torch.Tensor) -> tuple[in
 
 
 def stochastic_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
-    """p [gamma+1, V] target probs, q [gamma, V] draft probs of the drafted tokens -> (m, next token)."""
+    """p [gamma+1, V] target probs, q [gamma, V] draft probs of the drafted tokens -> (m, next token); p, q and
+    the generator on one device."""
     for i, x in enumerate(drafts.tolist()):
-        r = torch.rand((), generator=gen, dtype=torch.float64)
+        r = torch.rand((), generator=gen, dtype=torch.float64, device=p.device)
         if q[i, x] > 0 and r * q[i, x] <= p[i, x]:  # r < min(1, p/q) without dividing by zero
             continue
         residual = torch.clamp(p[i] - q[i], min=0)
@@ -109,86 +111,6 @@ class GenerationResult:
                     tokens_per_second=self.tokens_per_second, latency_s=self.prefill_s + self.decode_s)
 
 
-class _Cached:
-    """A causal LM over a batch, with its KV cache and a validity mask over cache columns.
-
-    Sequences of a batch accept different numbers of drafts, so the cache columns are shared while
-    `valid[b, c]` says whether column c belongs to sequence b (rejected drafts and padding do not).
-    Columns past every sequence's last valid one are cropped for real; holes are masked out and
-    compacted away when they pile up. With batch 1 this is an exact crop and no mask holes.
-    """
-
-    def __init__(self, model, batch: int):
-        from transformers import DynamicCache
-
-        self.model = model
-        self.device = model.get_input_embeddings().weight.device
-        self.cache = DynamicCache(config=model.config)
-        self.valid = torch.zeros((batch, 0), dtype=torch.bool, device=self.device)
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.valid.sum(1)
-
-    @torch.no_grad()
-    def forward(self, pending: list[list[int]]) -> torch.Tensor:
-        """Feed each sequence's pending tokens (left-padded to one width); logits [B, width, V]."""
-        width = max(len(p) for p in pending)
-        ids = torch.zeros((len(pending), width), dtype=torch.long)
-        new_valid = torch.zeros((len(pending), width), dtype=torch.bool)
-        for b, p in enumerate(pending):
-            if p:
-                ids[b, width - len(p):] = torch.tensor(p)
-                new_valid[b, width - len(p):] = True
-        ids, new_valid = ids.to(self.device), new_valid.to(self.device)
-        pos = (self.lengths[:, None] + torch.cumsum(new_valid, 1) - 1).clamp_min(0)
-        mask = torch.cat([self.valid, new_valid], 1)
-        batched = len(pending) > 1 or not bool(mask.all())
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, position_ids=pos,
-                         attention_mask=mask.long() if batched else None)
-        self.valid = mask
-        return out.logits
-
-    def keep(self, lengths: list[int]) -> None:
-        """Keep the first lengths[b] valid columns of each sequence; drop the rest."""
-        rank = torch.cumsum(self.valid, 1)
-        self.valid &= rank <= torch.tensor(lengths, device=self.device)[:, None]
-        used = torch.nonzero(self.valid.any(0))
-        last = int(used.max()) + 1 if len(used) else 0
-        if last < self.valid.shape[1]:
-            self.cache.crop(last - self.valid.shape[1])  # transformers 5: a negative count of columns to drop
-            self.valid = self.valid[:, :last]
-        if self.valid.shape[1] > 64 and self.valid.float().mean() < 0.5:
-            self._compact()
-
-    def select(self, rows: list[int]) -> None:
-        """Retire finished sequences: keep only `rows` of the batch."""
-        idx = torch.tensor(rows, device=self.device)
-        self.cache.batch_select_indices(idx)
-        self.valid = self.valid[idx]
-
-    def _compact(self) -> None:
-        """Drop mask holes: move each sequence's valid columns to the right, left-padding the rest."""
-        lengths = self.lengths
-        width = int(lengths.max())
-        B, T = self.valid.shape
-        # target column of every valid entry: right-aligned by its rank among the sequence's valid columns
-        dest = torch.cumsum(self.valid, 1) - 1 + (width - lengths)[:, None]
-        src_b, src_c = torch.nonzero(self.valid, as_tuple=True)
-        dst_c = dest[src_b, src_c]
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                if t is None or t.numel() == 0:
-                    continue
-                new = t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])
-                new[src_b, :, dst_c] = t[src_b, :, src_c]
-                setattr(layer, name, new)
-        valid = torch.zeros((B, width), dtype=torch.bool, device=self.device)
-        valid[src_b, dst_c] = True
-        self.valid = valid
-
-
 def _sync(model) -> None:
     if next(model.parameters()).device.type == "cuda":
         torch.cuda.synchronize()
@@ -218,10 +140,10 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
         raise MoespacError(f"max_new_tokens {max_new_tokens} must be >= 1")
     check_batch(prompts, max_batch, getattr(target.config, "max_position_embeddings", None), max_new_tokens,
                 gamma if draft is not None else 0)
-    gen = torch.Generator().manual_seed(sampling.seed)
     B = len(prompts)
-    tgt = _Cached(target, B)
-    dft = _Cached(draft, B) if draft is not None else None
+    tgt = CachedModel(target, B)
+    dft = CachedModel(draft, B) if draft is not None else None
+    gen = torch.Generator(device=tgt.device).manual_seed(sampling.seed)  # where the probabilities are
     results = [GenerationResult(tokens=[], prompt_tokens=len(p)) for p in prompts]
     seqs = [list(p) for p in prompts]
     live = list(range(B))  # batch row -> request index
@@ -286,6 +208,7 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
             runtime.begin_step(info(step, "verify", n * (width + gamma), gamma))
         # draft phase: gamma tokens for every live sequence
         t1 = time.perf_counter()
+        dft.checkpoint()
         drafts = [[] for _ in live]
         qs = [[] for _ in live]
         for _ in range(gamma):
@@ -294,12 +217,13 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
                 if sampling.greedy:
                     drafts[row].append(int(torch.argmax(dl[row])))
                 else:
-                    q = sampling.probs(dl[row])
+                    q = sampling.probs(dl[row]).to(tgt.device)
                     qs[row].append(q)
                     drafts[row].append(int(torch.multinomial(q, 1, generator=gen)))
         _sync(draft)
         t2 = time.perf_counter()
         # verify phase: pending + gamma drafts of every sequence in one target forward
+        tgt.checkpoint()
         logits = tgt.forward([tgt_pending[row] + drafts[row] for row in range(n)])[:, -(gamma + 1):]
         accepted, emitted, keep_t, keep_d = 0, 0, [], []
         for row, i in enumerate(live):
@@ -307,7 +231,7 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
             if sampling.greedy:
                 m, nxt = greedy_accept(torch.argmax(logits[row], dim=-1).cpu(), d)
             else:
-                m, nxt = stochastic_accept(sampling.probs(logits[row]).cpu(), torch.stack(qs[row]).cpu(), d, gen)
+                m, nxt = stochastic_accept(sampling.probs(logits[row]), torch.stack(qs[row]), d, gen)
             base = len(seqs[i])
             keep_t.append(base + m)  # target cache keeps seq + accepted drafts
             keep_d.append(min(int(dft.lengths[row]), base + m))

@@ -182,17 +182,19 @@ def _forward_time(model, tokens: int, repeats: int, cuda: bool, prefix: int = 32
     import torch
     from transformers import DynamicCache
 
+    from moespac.engine.kvcache import cache_keyword
+
     device = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
+    kv = {cache_keyword(model): DynamicCache(config=model.config)}
     with torch.no_grad():
-        model(input_ids=torch.zeros(1, prefix, dtype=torch.long, device=device), cache=cache, use_cache=True)
+        model(input_ids=torch.zeros(1, prefix, dtype=torch.long, device=device), use_cache=True, **kv)
         ids = torch.zeros(1, tokens, dtype=torch.long, device=device)
         if ready is not None:
             ready()
 
         def step():
-            model(input_ids=ids, cache=cache, use_cache=True)
-            cache.crop(-tokens)
+            model(input_ids=ids, use_cache=True, **kv)
+            next(iter(kv.values())).crop(-tokens)
         return _Clock(cuda).time(step, repeats, inner=10)
 
 
@@ -205,10 +207,9 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
+    from moespac.engine.session import EngineConfig, EngineSession
     from moespac.models.micro import draft_config, target_config
     from moespac.models.registry import spec_from_config
-    from moespac.registry import make_policy
     from moespac.sim.cost import CostModel
 
     bare = dataclasses.replace(profile, layer_overhead=0.0, moe_layer_overhead=0.0, forward_overhead=0.0)
@@ -224,14 +225,15 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
         cm = CostModel(bare, tspec, dspec, expert_dtype="fp32")
         draft_s[layers] = _forward_time(draft, 1, repeats, cuda, prefix)
         draft_model_s[layers] = float(cm.draft_forward_s(1, prefix))
-        runtime = HybridRuntime(target, make_policy("all-host"), RuntimeConfig(cache_ratio=0.0, copy_mode="sync"), device=device)
-        target.to(device)
+        session = EngineSession(target, None, None, EngineConfig(target="micro", policy="all-host", cache_ratio=0.0,
+                                                                 copy_mode="sync"), device=device)
+        runtime = session.runtime
         runtime.start_request(gamma=gamma)
         before = {}
         target_s[layers] = _forward_time(target, n, repeats, cuda, prefix,
                                          ready=lambda: before.update(host=runtime.cache.counters.host))
         host = runtime.cache.counters.host - before["host"]
-        runtime.close()
+        session.close()
         active = host / ((1 + 10 * repeats) * layers)  # experts per layer and forward (all on the host)
         per_expert = n * tspec.top_k / max(active, 1)
         experts = active * float(cm.host_expert_s(per_expert)) + float(cm.hidden_transfer_s(n))
