@@ -6,7 +6,7 @@ import torch
 from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
 from moespac.engine.speculative import Sampling, generate_batch
 from moespac.errors import MoespacError
-from moespac.lossless import stock_reference
+from moespac.lossless import hf_greedy
 from moespac.models.micro import build_micro
 from moespac.prompts import builtin_prompts
 from moespac.registry import make_policy
@@ -23,7 +23,7 @@ def pair(request):
 def test_batched_greedy_speculative_equals_unbatched_autoregressive(pair, batch):
     target, draft, prompts = pair
     prompts = prompts[:batch]
-    ref = stock_reference(target, prompts, 20)
+    ref = hf_greedy(target, prompts, 20)
     for d in (draft, target):  # mostly rejected drafts, then all accepted (sequences diverge in length either way)
         rt = HybridRuntime(target, make_policy("lru"), RuntimeConfig(cache_ratio=0.5))
         try:

@@ -6,7 +6,7 @@ import torch
 
 from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
 from moespac.engine.speculative import generate
-from moespac.lossless import stock_reference
+from moespac.lossless import hf_greedy
 from moespac.models.micro import build_micro
 from moespac.registry import make_policy, policies
 
@@ -18,7 +18,7 @@ ENGINE_POLICIES = sorted(n for n, cls in policies().items() if "future" not in c
 def micro():
     target, draft, tok = build_micro("qwen3_moe", dtype=torch.float64, seed=7)
     prompt = tok.encode("def quicksort(items):")
-    return target, draft, prompt, stock_reference(target, [prompt], 16)[0]
+    return target, draft, prompt, hf_greedy(target, [prompt], 16)[0]
 
 
 @pytest.mark.parametrize("name", ENGINE_POLICIES)

@@ -1,7 +1,6 @@
 """`moespac make-micro`: write a small random target + draft pair for tests and smoke runs."""
 
-# the micro module imports torch; the architecture names are spelled here so the CLI starts without it
-ARCHS = ("qwen3_moe", "deepseek_v2", "mixtral")
+from moespac.models.micro import ARCHS  # torch-free at import: the CLI starts without torch
 
 
 def register(sub) -> None:

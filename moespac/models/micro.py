@@ -4,39 +4,65 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from moespac.errors import MoespacError
-from moespac.models.tokenizer import builtin_corpus, train_tokenizer
 
-ARCHS = ("qwen3_moe", "deepseek_v2", "mixtral")
+# Every MoE architecture the lossless tests check against Hugging Face's own generate(): the nine the engine
+# is tested on (README, "Architectures"). `make-micro --arch` writes any of them. (No torch at import: the
+# CLI and the workflow read this list.)
+ARCHS = ("qwen3_moe", "deepseek_v2", "mixtral", "qwen2_moe", "olmoe", "glm4_moe", "phimoe", "minimax_m2",
+         "qwen3_5_moe")
+
+
+def _moe_common(vocab_size: int) -> dict:
+    return dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-6)
 
 
 def target_config(arch: str, vocab_size: int, **overrides):
-    """Config of a tiny MoE target of architecture `arch` (2 MoE layers, 8 experts, top-2 by default)."""
-    from transformers import DeepseekV2Config, MixtralConfig, Qwen3MoeConfig
+    """Config of a tiny MoE target of architecture `arch` (2-3 layers, 8 experts, top-2 by default): the real
+    architecture class with small numbers, so that transformers' own modelling code runs."""
+    import transformers
 
-    common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False,
-                  rms_norm_eps=1e-6)
-    if arch == "qwen3_moe":
-        cfg = dict(common, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                   intermediate_size=128, norm_topk_prob=True, decoder_sparse_step=1, router_aux_loss_coef=0.01)
-        cfg.update(overrides)
-        return Qwen3MoeConfig(**cfg)
-    if arch == "deepseek_v2":
+    common = _moe_common(vocab_size)
+    experts = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+    shapes = {
+        "qwen3_moe": ("Qwen3MoeConfig", dict(common, head_dim=16, intermediate_size=128, norm_topk_prob=True,
+                                              decoder_sparse_step=1, router_aux_loss_coef=0.01, **experts)),
         # one dense first layer + MoE layers with 2 shared experts, like DeepSeek-V2-Lite
-        cfg = dict(common, num_hidden_layers=3, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
-                   moe_intermediate_size=32, intermediate_size=128, first_k_dense_replace=1, kv_lora_rank=16,
-                   q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
-                   n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0)
-        cfg.update(overrides)
-        return DeepseekV2Config(**cfg)
-    if arch == "mixtral":
-        cfg = dict(common, head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32)
-        cfg.update(overrides)
-        return MixtralConfig(**cfg)
-    raise MoespacError(f"unknown --arch {arch!r}; one of {', '.join(ARCHS)}")
+        "deepseek_v2": ("DeepseekV2Config", dict(
+            common, num_hidden_layers=3, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2,
+            n_shared_experts=2, moe_intermediate_size=32, intermediate_size=128, first_k_dense_replace=1,
+            kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
+            n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0)),
+        "mixtral": ("MixtralConfig", dict(common, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                                          intermediate_size=32)),
+        # a shared expert with its own sigmoid gate beside the routed ones
+        "qwen2_moe": ("Qwen2MoeConfig", dict(common, intermediate_size=128, shared_expert_intermediate_size=64,
+                                             decoder_sparse_step=1, norm_topk_prob=False, **experts)),
+        "olmoe": ("OlmoeConfig", dict(common, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                                      norm_topk_prob=False)),
+        # one dense first layer, a shared expert, grouped sigmoid routing with a score-correction bias
+        "glm4_moe": ("Glm4MoeConfig", dict(common, num_hidden_layers=3, head_dim=16, intermediate_size=128,
+                                           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+                                           partial_rotary_factor=0.5)),
+        # sparsemixer routing, LayerNorm (not RMSNorm)
+        "phimoe": ("PhimoeConfig", dict(common, head_dim=16, intermediate_size=32, num_local_experts=8,
+                                        num_experts_per_tok=2)),
+        "minimax_m2": ("MiniMaxM2Config", dict(common, head_dim=16, intermediate_size=32, num_local_experts=8,
+                                               num_experts_per_tok=2)),
+        # Gated DeltaNet (recurrent linear attention) layers beside full attention, and a shared expert
+        "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(
+            common, num_hidden_layers=4, head_dim=16, shared_expert_intermediate_size=64,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, **experts)),
+    }
+    if arch not in shapes:
+        raise MoespacError(f"unknown --arch {arch!r}; one of {', '.join(ARCHS)}")
+    name, cfg = shapes[arch]
+    cfg.update(overrides)
+    return getattr(transformers, name)(**cfg)
 
 
 def draft_config(vocab_size: int, **overrides):
@@ -50,18 +76,25 @@ def draft_config(vocab_size: int, **overrides):
     return Qwen3Config(**cfg)
 
 
-def build_micro(arch: str = "qwen3_moe", vocab_size: int = 320, seed: int = 0, dtype=torch.float32, **target_overrides):
-    """Return (target, draft, tokenizer), random weights, in memory; overrides go to the target config."""
+def build_micro(arch: str = "qwen3_moe", vocab_size: int = 320, seed: int = 0, dtype=None, **target_overrides):
+    """Return (target, draft, tokenizer), random weights, in memory (float32 unless `dtype`); overrides go to
+    the target config."""
+    import torch
     from transformers import AutoModelForCausalLM
 
+    from moespac.models.tokenizer import builtin_corpus, train_tokenizer
+
+    dtype = dtype or torch.float32
     tokenizer = train_tokenizer(builtin_corpus(), vocab_size)
     vocab = len(tokenizer)
     torch.manual_seed(seed)
-    target = AutoModelForCausalLM.from_config(target_config(arch, vocab, **target_overrides), dtype=dtype)
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    target = AutoModelForCausalLM.from_config(target_config(arch, vocab, **special, **target_overrides), dtype=dtype)
     # Random init of the router is near-uniform; widen it so routing is decisive like a trained model's
     with torch.no_grad():
         for name, p in target.named_parameters():
-            if name.endswith("mlp.gate.weight"):
+            if name.endswith((".gate.weight", ".router.weight")) and p.dim() == 2 and p.shape[0] > 1:  # [E, H]
                 p.normal_(0.0, 0.5)
     torch.manual_seed(seed + 1)
     draft = AutoModelForCausalLM.from_config(draft_config(vocab), dtype=dtype)

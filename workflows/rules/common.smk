@@ -6,6 +6,7 @@ import re
 from snakemake.utils import validate
 
 from moespac.bench.datasets import BENCHMARKS as KNOWN_BENCHMARKS
+from moespac.models.micro import ARCHS as MICRO_ARCHS
 from moespac.study import check_names, get_method, k_method
 
 validate(config, schema="../schemas/config.schema.yaml")

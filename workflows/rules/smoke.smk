@@ -10,7 +10,7 @@ rule make_micro:
     log:
         "results/logs/make_micro/{arch}.log",
     wildcard_constraints:
-        arch="qwen3_moe|deepseek_v2|mixtral",
+        arch=alternatives(MICRO_ARCHS),
     conda:
         "../envs/moespac.yaml"
     params:
