@@ -13,21 +13,30 @@ DTYPES = {"auto": "auto", "fp32": torch.float32, "float32": torch.float32, "bf16
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64}
 
 
-def _from_pretrained(cls, ref: str, role: str, **kw):
-    local = Path(ref).expanduser()
-    is_local = local.exists()
-    if not is_local and (ref.startswith((".", "/", "~")) or os.sep in ref.strip("/").replace("/", "", 1)):
+def check_ref(ref: str, role: str) -> bool:
+    """True for a local folder; a path-like reference that does not exist fails naming it."""
+    if Path(ref).expanduser().exists():
+        return True
+    if ref.startswith((".", "/", "~")) or os.sep in ref.strip("/").replace("/", "", 1):
         raise MoespacError(f"{role} {ref!r}: no such folder")
+    return False
+
+
+def not_on_hub(ref: str, role: str) -> MoespacError:
+    return MoespacError(
+        f"{role} {ref!r}: not a local folder and it could not be fetched from the Hugging Face hub "
+        f"(offline or unknown id). Download it where you are online (hf download {ref} --local-dir DIR) "
+        f"and pass DIR, or build a local pair with `moespac make-micro --out DIR` / `moespac build-proxy --out DIR`.")
+
+
+def _from_pretrained(cls, ref: str, role: str, **kw):
+    is_local = check_ref(ref, role)
     try:
-        return cls.from_pretrained(str(local) if is_local else ref, local_files_only=is_local, **kw)
+        return cls.from_pretrained(str(Path(ref).expanduser()) if is_local else ref, local_files_only=is_local, **kw)
     except OSError as e:
         if is_local:
             raise MoespacError(f"{role} {ref!r}: not a loadable model folder ({str(e).splitlines()[0]})") from None
-        raise MoespacError(
-            f"{role} {ref!r}: not a local folder and it could not be fetched from the Hugging Face hub "
-            f"(offline or unknown id). Download it where you are online (huggingface-cli download {ref} --local-dir DIR) "
-            f"and pass DIR, or build a local pair with `moespac make-micro --out DIR` / `moespac build-proxy --out DIR`."
-        ) from None
+        raise not_on_hub(ref, role) from None
 
 
 def load_model(ref: str, role: str = "model", dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False):

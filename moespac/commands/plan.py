@@ -1,0 +1,41 @@
+"""`moespac plan`: the memory plan of a run, from the model configs alone (no weights are read)."""
+
+from __future__ import annotations
+
+from moespac.commands._common import add_memory_args
+from moespac.errors import MoespacError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="device and host memory of a run and the slot count that fits, before loading",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True, help="target MoE model: local folder or hub id (the paper's are known offline)")
+    p.add_argument("--draft", default=None, help="draft model: local folder or hub id")
+    p.add_argument("--dtype", default="auto", help="auto (the checkpoint's), fp32, bf16, fp16 or fp64")
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"],
+                   help="plan for a GPU run (default when --gpu-gib is given or CUDA is here) or a CPU run")
+    p.add_argument("--context", type=int, default=4096, help="longest sequence (prompt + new tokens)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--gamma", type=int, default=8, help="draft length")
+    p.add_argument("--trust-remote-code", action="store_true")
+    add_memory_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from moespac.engine.session import EngineConfig, plan_for
+
+    device = args.device or ("cuda" if args.gpu_gib is not None or torch.cuda.is_available() else "cpu")
+    if device == "cuda" and args.gpu_gib is None and not torch.cuda.is_available():
+        raise MoespacError("--gpu-gib: give the GPU's memory (no CUDA device here to read it from)")
+    cfg = EngineConfig(target=args.target, draft=args.draft, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                       cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, gpu_gib=args.gpu_gib,
+                       host_gib=args.host_gib, context=args.context, batch_size=args.batch_size, gamma=args.gamma)
+    plan = plan_for(cfg, device)  # a plan that cannot fit fails here, in one line
+    print(plan.render())
+    print(f"fits: {plan.slots} expert slots, cache ratio {plan.cache_ratio:.3f}; host peak "
+          f"{plan.host_peak / 2**30:.2f} GiB")
+    return 0
+
