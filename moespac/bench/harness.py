@@ -12,7 +12,6 @@ on a hardware profile; per-request facts (tokens, acceptances) stay those of the
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -69,8 +68,9 @@ class BenchConfig:
     """Prompt source: 'offline' (committed sets) or 'hub'."""
     turns: str = "all"
     """'all' turns of multi-turn prompts (MT-bench; later turns follow the model's answers) or the 'first'."""
-    cache_ratio: float = 0.5
-    """Device expert slots / all routed experts, in [0, 1]."""
+    cache_ratio: float | None = None
+    """Device expert slots / all routed experts, in [0, 1]; None = as many as the memory plan fits (measured) or
+    the profile's device fits next to the rest (simulated)."""
     cache_gib: float | None = None
     """Device expert cache in GiB (overrides cache_ratio)."""
     per_layer: bool = False
@@ -120,7 +120,7 @@ class BenchConfig:
             (self.temperature >= 0, f"temperature {self.temperature} must be >= 0"),
             (self.source in datasets.SOURCES, f"source {self.source!r}: one of {', '.join(datasets.SOURCES)}"),
             (self.turns in TURNS, f"turns {self.turns!r}: one of {', '.join(TURNS)}"),
-            (0.0 <= self.cache_ratio <= 1.0, f"cache_ratio {self.cache_ratio} outside [0, 1]"),
+            (self.cache_ratio is None or 0.0 <= self.cache_ratio <= 1.0, f"cache_ratio {self.cache_ratio} outside [0, 1]"),
             (self.cache_gib is None or self.cache_gib >= 0, f"cache_gib {self.cache_gib} must be >= 0"),
         ]
         for ok, message in checks:
@@ -176,7 +176,7 @@ def run_bench(cfg: BenchConfig, trace_out=None, progress: bool = True) -> dict:
 
 def prepare(cfg: BenchConfig) -> Prepared:
     """Resolve the config that names this run (model ids, profile hash, trace id); fails fast on bad input."""
-    from moespac.commands._common import default_device
+    from moespac.engine.session import resolve_device
 
     profile, trace = None, None
     if cfg.timing == "simulated":
@@ -205,7 +205,7 @@ def prepare(cfg: BenchConfig) -> Prepared:
     config = dict(tcfg, timing=cfg.timing, policy=cfg.policy, cache_ratio=cfg.cache_ratio, cache_gib=cfg.cache_gib,
                   per_layer=cfg.per_layer)
     if cfg.timing == "measured":
-        config.update(copy_mode=cfg.copy_mode, device=default_device(cfg.device), warmup=cfg.warmup)
+        config.update(copy_mode=cfg.copy_mode, device=resolve_device(cfg.device), warmup=cfg.warmup)
     else:
         config.update(hardware=profile.name, hardware_sha256=profile.sha256, model_spec=cfg.model_spec,
                       draft_spec=cfg.draft_spec, allow_topology_mismatch=cfg.allow_topology_mismatch,
@@ -281,40 +281,36 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
     """
     from tqdm import tqdm
 
-    from moespac.commands._common import load_models, make_runtime
     from moespac.engine import speculative
+    from moespac.engine.session import EngineConfig, EngineSession
     from moespac.models.registry import spec_from_config
     from moespac.sim.replay import warmup_window
     from moespac.sim.workload import step_counts
-    from moespac.trace import TraceRecorder
 
     measured = cfg.timing == "measured"
     engine_policy = cfg.policy if measured else TRACE_POLICY
     tcfg = prep.trace_config
-    ns = argparse.Namespace(target=prep.target, draft=prep.draft, dtype=cfg.dtype, device=cfg.device,
-                            trust_remote_code=cfg.trust_remote_code, policy=engine_policy,
-                            cache_ratio=cfg.cache_ratio if measured else 0.0, cache_gib=cfg.cache_gib if measured else None,
-                            per_layer_cache=cfg.per_layer, copy_mode=cfg.copy_mode)
-    target, draft, tok, device = load_models(ns)
     gamma = tcfg["gamma"]
+    session = EngineSession.open(EngineConfig(
+        target=prep.target, draft=prep.draft, dtype=cfg.dtype, device=cfg.device,
+        trust_remote_code=cfg.trust_remote_code, policy=engine_policy,
+        cache_ratio=cfg.cache_ratio if measured else 0.0, cache_gib=cfg.cache_gib if measured else None,
+        per_layer=cfg.per_layer, copy_mode=cfg.copy_mode, context=cfg.max_new_tokens + 2048,
+        batch_size=cfg.batch_size, gamma=gamma))
+    target, tok, runtime = session.target, session.tokenizer, session.runtime
     context = int(getattr(target.config, "max_position_embeddings", 0) or 2**31)
     items, skipped = fit_prompts(prompts, tok, context, cfg.max_new_tokens, gamma)
     if not items:
+        session.close()
         raise MoespacError(f"benchmark {tcfg['benchmark']!r}: all {len(prompts)} prompts were skipped "
                            f"(first: {skipped[0]['reason']})")
-    runtime = make_runtime(ns, target, device)
-    signals = {"draft"} if draft is not None else set()
-    topo = runtime.topology
+    topo = session.topology
     warm = [np.zeros((topo.num_layers, topo.num_experts), np.int64)]  # 'warmup_counts': none seen during warm-up
 
     def call(batch: list[list[int]], request: int, max_new_tokens: int = cfg.max_new_tokens):
-        runtime.start_request(gamma=gamma, batch_size=len(batch), signals=signals, warmup_counts=warm[0])
         sampling = speculative.Sampling(temperature=cfg.temperature, seed=cfg.seed + max(request, 0))
-        results = speculative.generate_batch(
-            target, batch, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
-            runtime=runtime, eos_token_id=tok.eos_token_id, request=request, ignore_eos=cfg.ignore_eos,
-            max_batch=cfg.batch_size)
-        return results, runtime.stats()
+        return session.generate(batch, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, request=request,
+                                ignore_eos=cfg.ignore_eos, warmup_counts=warm[0], max_batch=cfg.batch_size)
 
     rows, calls = [], []
 
@@ -325,7 +321,8 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
         while pending:
             results, stats = call([ids for _, ids in pending], len(calls))
             calls.append(dict(call=len(calls), size=len(pending), prefill_s=results[0].prefill_s,
-                              decode_s=results[0].decode_s, counters={k: int(stats[k]) for k in COUNTERS}))
+                              decode_s=results[0].decode_s, draft_s=results[0].draft_s, target_s=results[0].target_s,
+                              counters={k: int(stats[k]) for k in COUNTERS}))
             for (p, _), r in zip(pending, results):
                 rows.append(dict(id=p.id if turn == 1 else f"{p.id}#{turn}", prompt_id=p.id, turn=turn,
                                  call=calls[-1]["call"], prompt_tokens=r.prompt_tokens, new_tokens=len(r.tokens),
@@ -336,30 +333,30 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
 
     try:
         spec = spec_from_config(target.config, name=tcfg["target_id"]).to_dict()
-        runtime.recorder = TraceRecorder(topo, spec, cross_layer=False)  # the warm-up's routing, for 'warmup_counts'
+        session.record(spec, cross_layer=False)  # the warm-up's routing, for 'warmup_counts'
         for w in range(cfg.warmup if measured else 0):
             call([items[(w * cfg.batch_size + j) % len(items)][1] for j in range(min(cfg.batch_size, len(items)))], -1)
         source = f"{cfg.warmup} warm-up call(s)"
         if measured and not cfg.warmup and "warmup_counts" in runtime.policy.requires:
             call([ids for _, ids in items[:cfg.batch_size]], -1, max_new_tokens=1)  # prefill only
             source = "the first request's prefill, run once untimed before it (warmup 0)"
-        seen = runtime.recorder.finish()
+        seen = session.finish_trace()
         warm[0], warmup = None, None
         if seen.num_steps:
             warm[0], warmup = warmup_window(step_counts(seen), seen.steps["step_request"])
             warmup = dict(warmup, source=source)
-        runtime.recorder = TraceRecorder(runtime.topology, spec, meta=dict(
-            target=prep.target, draft=prep.draft, gamma=gamma, batch_size=cfg.batch_size, policy=engine_policy))
+        session.record(spec, meta=dict(target=prep.target, draft=prep.draft, gamma=gamma, batch_size=cfg.batch_size,
+                                       policy=engine_policy))
         with tqdm(total=len(items), unit="prompt", desc=f"bench {tcfg['benchmark']}", leave=False,
                   disable=not progress, file=sys.stderr, mininterval=1.0) as bar:
             for start in range(0, len(items), cfg.batch_size):
                 run_turns(items[start:start + cfg.batch_size])
                 bar.update(min(cfg.batch_size, len(items) - start))
         policy_stats = runtime.stats()["policy_stats"]
-        trace = runtime.recorder.finish(trace_id=trace_id(tcfg), bench=dict(
+        trace = session.finish_trace(trace_id=trace_id(tcfg), bench=dict(
             config=tcfg, prompts=len(prompts), rows=rows, skipped=skipped, proxy=[p.proxy for p in prompts]))
     finally:
-        runtime.close()
+        session.close()
     return trace, calls, policy_stats, warmup
 
 

@@ -1,4 +1,4 @@
-"""Argument builders and setup shared by the engine commands (one place, like exllamav2's model_init)."""
+"""Argument builders shared by the engine commands (the engine itself is set up by moespac.engine.session)."""
 
 from __future__ import annotations
 
@@ -35,17 +35,25 @@ def add_engine_args(p: argparse.ArgumentParser, gamma_default: int = 8) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--policy", default="lru", help="scheduling policy, name[:key=value,...] (see `moespac policy list`)")
     g.add_argument("--gamma", type=int, default=gamma_default, help="draft length")
-    g.add_argument("--cache-ratio", type=float, default=0.5, help="device expert slots / all routed experts, in [0, 1]")
-    g.add_argument("--cache-gib", type=float, default=None, help="device expert cache in GiB (overrides --cache-ratio)")
+    add_memory_args(g)
     g.add_argument("--per-layer-cache", action="store_true", help="partition slots per layer instead of one global pool")
     g.add_argument("--copy-mode", default="async", choices=["async", "sync"], help="prefetch worker thread or synchronous copies")
+
+
+def add_memory_args(g) -> None:
+    """The memory plan's budgets and the explicit slot-pool overrides it checks (`moespac plan`)."""
+    g.add_argument("--cache-ratio", type=float, default=None,
+                   help="device expert slots / all routed experts, in [0, 1] (default: as many as the memory plan fits)")
+    g.add_argument("--cache-gib", type=float, default=None, help="device expert slot pool in GiB (overrides --cache-ratio)")
+    g.add_argument("--gpu-gib", type=float, default=None, help="device memory budget (default: the GPU's free memory)")
+    g.add_argument("--host-gib", type=float, default=None, help="host memory budget (default: this machine's memory)")
 
 
 def check_engine_args(args) -> None:
     """Validate before any model is loaded, so bad input fails fast and writes nothing."""
     if getattr(args, "draft", None) and args.gamma < 1:
         raise MoespacError(f"--gamma {args.gamma} must be >= 1")
-    if not 0.0 <= args.cache_ratio <= 1.0:
+    if args.cache_ratio is not None and not 0.0 <= args.cache_ratio <= 1.0:
         raise MoespacError(f"--cache-ratio {args.cache_ratio} outside [0, 1]")
 
 
@@ -63,37 +71,3 @@ def warmup_steps_option(args) -> dict:
     if args.warmup_steps < 0:
         raise MoespacError(f"--warmup-steps {args.warmup_steps} must be >= 0")
     return dict(warmup_steps=args.warmup_steps)
-
-
-def default_device(device: str | None) -> str:
-    import torch
-
-    if device:
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise MoespacError(f"--device {device}: CUDA is not available on this machine")
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def load_models(args):
-    """Load target (on CPU: the runtime moves non-expert weights), draft and tokenizer; check the pair."""
-    from moespac.models.loading import load_pair
-
-    device = default_device(args.device)
-    target, draft, tok = load_pair(args.target, args.draft, args.dtype, "cpu", args.trust_remote_code)
-    if draft is not None:
-        draft = draft.to(device)
-    return target, draft, tok, device
-
-
-def make_runtime(args, target, device):
-    """HybridRuntime over `target` with the policy and cache from args; moves non-expert weights to device."""
-    from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
-    from moespac.registry import make_policy
-
-    policy = make_policy(args.policy)
-    cfg = RuntimeConfig(cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, per_layer=args.per_layer_cache,
-                        copy_mode=args.copy_mode)
-    runtime = HybridRuntime(target, policy, cfg, device=device)
-    target.to(device)
-    return runtime

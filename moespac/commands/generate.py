@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moespac.commands._common import add_engine_args, add_model_args, check_engine_args, load_models, make_runtime
+from moespac.commands._common import add_engine_args, add_model_args, check_engine_args
 from moespac.errors import MoespacError
 
 
@@ -29,52 +29,49 @@ def encode_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
 
 
 def run(args) -> int:
-    from moespac.engine.speculative import Sampling, generate
+    from moespac.engine.session import EngineSession, config_from_args
+    from moespac.engine.speculative import Sampling
     from moespac.models.registry import spec_from_config
     from moespac.record import make_record, write_record
-    from moespac.trace import TraceRecorder
 
     check_engine_args(args)
     if args.max_new_tokens < 1:
         raise MoespacError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
     sampling = Sampling(temperature=0.0 if args.greedy else args.temperature, seed=args.seed)
-    target, draft, tok, device = load_models(args)
-    runtime = make_runtime(args, target, device)
-    spec = spec_from_config(target.config, name=args.target)
-    if args.trace:
-        runtime.recorder = TraceRecorder(runtime.topology, spec.to_dict(), meta=dict(
-            target=args.target, draft=args.draft, gamma=args.gamma if draft is not None else 0, batch_size=1,
-            policy=args.policy, cache_ratio=args.cache_ratio))
-    prompt = encode_prompt(tok, args.prompt, args.raw)
-    signals = {"draft"} if draft is not None else set()
-    try:
-        runtime.start_request(gamma=args.gamma if draft is not None else 0, signals=signals)
-        res = generate(target, prompt, draft=draft, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                       sampling=sampling, runtime=runtime, eos_token_id=tok.eos_token_id)
-    finally:
-        runtime.close()
-    stats = runtime.stats()
+    gamma = args.gamma if args.draft else 0
+    cfg = config_from_args(args, gamma=gamma, context=args.max_new_tokens + 2048)
+    with EngineSession.open(cfg) as session:
+        tok = session.tokenizer
+        spec = spec_from_config(session.target.config, name=args.target)
+        if args.trace:
+            session.record(spec.to_dict(), meta=dict(target=args.target, draft=args.draft, gamma=gamma, batch_size=1,
+                                                     policy=args.policy, cache_ratio=session.runtime.cache.capacity
+                                                     / max(session.topology.num_layers * session.topology.num_experts, 1)))
+        prompt = encode_prompt(tok, args.prompt, args.raw)
+        (res,), stats = session.generate([prompt], gamma=gamma, max_new_tokens=args.max_new_tokens, sampling=sampling)
+        trace = session.finish_trace(trace_id=f"generate-{args.policy}-{args.seed}") if args.trace else None
+        device = str(session.runtime.device.torch_device)
+        plan = session.plan
     print(tok.decode(res.tokens, skip_special_tokens=True))
     print("---")
     print(f"tokens/s {res.tokens_per_second:.2f} (measured, decode)   new tokens {len(res.tokens)}   "
           f"prefill {res.prefill_s:.3f}s   decode {res.decode_s:.3f}s")
-    if draft is not None:
+    if gamma:
         print(f"acceptance rate {res.acceptance_rate:.3f} ({res.accepted}/{res.drafted} drafts, gamma {args.gamma})")
     print(f"cache hit rate {stats['hit_rate']:.3f}   hits {stats['hits']}   on-demand loads {stats['loads']}   "
           f"host-computed experts {stats['host']}   prefetched {stats['prefetched']}   "
-          f"bytes copied {stats['bytes_copied']}   slots {stats['capacity']}   policy {stats['policy']}")
+          f"bytes copied {stats['bytes_copied']}   slots {stats['capacity']} ({plan.requested})   policy {stats['policy']}")
     tau = stats["policy_stats"].get("tau_per_layer_mean")
     if tau is not None:
         print("tau per layer " + " ".join(f"{t:.2f}" if isinstance(t, float) else str(t) for t in tau))
-    if args.trace:
-        trace = runtime.recorder.finish(trace_id=f"generate-{args.policy}-{args.seed}")
+    if trace is not None:
         trace.save(args.trace)
         print(f"trace: {args.trace} ({trace.num_steps} steps)")
     if args.json:
         config = dict(target=args.target, draft=args.draft, policy=args.policy, gamma=args.gamma,
-                      cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, per_layer=args.per_layer_cache,
-                      copy_mode=args.copy_mode, max_new_tokens=args.max_new_tokens, sampling=sampling.__dict__,
-                      device=device, dtype=args.dtype)
+                      cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, slots=stats["capacity"],
+                      per_layer=args.per_layer_cache, copy_mode=args.copy_mode, max_new_tokens=args.max_new_tokens,
+                      sampling=sampling.__dict__, device=device, dtype=args.dtype, prompt=args.prompt, raw=args.raw)
         write_record(args.json, make_record("generate", "measured", config, dict(res.summary(), **stats),
                                             model_spec=spec.to_dict(), trace=args.trace))
         print(f"record: {args.json}")

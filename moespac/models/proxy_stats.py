@@ -106,12 +106,10 @@ def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_toke
     """Speculative decoding of `prompts` prompts per benchmark, greedy (temperature 0) or sampled with exact
     speculative sampling; fixed length (EOS is ignored)."""
     from moespac.bench.datasets import encode_prompts, get_benchmark, load_benchmark, seeded_sample
-    from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
-    from moespac.engine.speculative import Sampling, generate
+    from moespac.engine.session import EngineConfig, EngineSession
+    from moespac.engine.speculative import Sampling
     from moespac.models.loading import load_pair
     from moespac.models.registry import spec_from_config
-    from moespac.registry import make_policy
-    from moespac.trace import TraceRecorder
 
     pair = Path(pair)
     if not (pair / "target").is_dir() or not (pair / "draft").is_dir():
@@ -123,28 +121,27 @@ def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_toke
     spec = spec_from_config(target.config, name=f"proxy:{pair.name}")
     ref = paper_reference()
     sampling = Sampling(temperature=temperature, seed=seed)
-    # routing and greedy tokens do not depend on the cache; sync copies keep the run deterministic
-    runtime = HybridRuntime(target, make_policy("lru"), RuntimeConfig(cache_ratio=0.5, copy_mode="sync"))
+    # routing and tokens do not depend on the cache (the split never changes the numbers); sync copies anyway
+    session = EngineSession(target, draft, tok, EngineConfig(target=str(pair / "target"), policy="lru",
+                                                             cache_ratio=0.5, copy_mode="sync"))
     out = []
     try:
         for bench in benches:
             chosen = seeded_sample(load_benchmark(bench.name), prompts, seed)
             enc = encode_prompts(chosen, tok, max_context=target.config.max_position_embeddings,
                                  max_new_tokens=max_new_tokens + gamma + 1)
-            runtime.recorder = TraceRecorder(runtime.topology, spec.to_dict(), meta=dict(
+            session.record(spec.to_dict(), meta=dict(
                 target=str(pair / "target"), draft=str(pair / "draft"), gamma=gamma, batch_size=1, policy="lru",
                 cache_ratio=0.5, benchmark=bench.name, proxy=True))
             drafted = accepted = new = steps = rejected = 0
             for i, (_, ids) in enumerate(enc.items):
-                runtime.start_request(gamma=gamma, signals={"draft"})
-                res = generate(target, ids, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens, runtime=runtime,
-                               sampling=sampling, request=i, ignore_eos=True)
+                (res,), _ = session.generate([ids], gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+                                             request=i, ignore_eos=True)
                 drafted, accepted, new = drafted + res.drafted, accepted + res.accepted, new + len(res.tokens)
                 steps, rejected = steps + len(res.accepted_per_step), rejected + res.rejected
                 if progress:
                     progress()
-            trace = runtime.recorder.finish(trace_id=f"proxy-stats-{bench.name}")
-            runtime.recorder = None
+            trace = session.finish_trace(trace_id=f"proxy-stats-{bench.name}")
             if trace_dir:
                 trace.save(Path(trace_dir) / f"{bench.name}.npz")
             per_request = decode_counts(trace)
@@ -158,10 +155,10 @@ def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_toke
                 accepted, steps, accepted / (accepted + rejected) if accepted + rejected else float("nan"),
                 accepted / drafted if drafted else float("nan"), (accepted + steps) / steps if steps else float("nan"),
                 float(np.nanmean(top_share(total))),
-                math.ceil(0.1 * runtime.topology.num_experts) / runtime.topology.num_experts, reuse, active, sm, acc,
+                math.ceil(0.1 * session.topology.num_experts) / session.topology.num_experts, reuse, active, sm, acc,
                 ref["alpha"].get(bench.name)))
     finally:
-        runtime.close()
+        session.close()
     return out
 
 
