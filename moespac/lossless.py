@@ -104,3 +104,57 @@ def check_lossless(target, draft, prompts: list[list[int]], gammas, cache_ratios
                              expected)
     finally:
         session.close()
+
+
+# -- sampled speculative decoding reproduces the target's distribution ----------------------------------------
+
+def target_joint(model, prompt: list[int], sampling, tokens: int = 3) -> dict[tuple, float]:
+    """The model's own probability of each sequence of its next `tokens` sampled tokens (the support of
+    `sampling`, e.g. top_k=3 gives 27 cells for 3 tokens), from its logits."""
+    device = model.get_input_embeddings().weight.device
+    cells = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(tokens):
+            grown = {}
+            for prefix, p in cells.items():
+                dist = sampling.probs(model(torch.tensor([prompt + list(prefix)], device=device)).logits[0, -1])
+                for t in torch.nonzero(dist).flatten().tolist():
+                    grown[prefix + (t,)] = p * float(dist[t])
+            cells = grown
+    return cells
+
+
+def chi_square_pvalue(observed, expected) -> float:
+    """Pearson's chi-square test of counts against expected counts (cells expected under 5 times pooled)."""
+    obs, exp, small_o, small_e = [], [], 0.0, 0.0
+    for o, e in zip(observed, expected):
+        if e < 5:
+            small_o, small_e = small_o + o, small_e + e
+        else:
+            obs.append(o)
+            exp.append(e)
+    if small_e:
+        obs.append(small_o)
+        exp.append(small_e)
+    o = torch.tensor(obs, dtype=torch.float64)
+    e = torch.tensor(exp, dtype=torch.float64) * o.sum() / sum(exp)
+    chi2 = float(((o - e) ** 2 / e).sum())
+    df = max(len(obs) - 1, 1)
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(chi2 / 2,
+                                         dtype=torch.float64)))
+
+
+def sampling_pvalue(session, prompt: list[int], expected: dict, runs: int = 1200, gamma: int = 2,
+                    top_k: int = 3) -> float:
+    """Sample `runs` three-token generations through `session` (its runtime and device path) and test them
+    against the target's own joint distribution `expected` (target_joint, computed before the session took
+    the experts). Returns the p-value: a correct sampler gives p > 0.01."""
+    from moespac.engine.speculative import Sampling
+
+    counts = dict.fromkeys(expected, 0)
+    for seed in range(runs):
+        (res,), _ = session.generate([prompt], gamma=gamma, max_new_tokens=3, ignore_eos=True,
+                                     sampling=Sampling(temperature=1.0, top_k=top_k, seed=seed))
+        counts[tuple(res.tokens)] += 1
+    keys = sorted(expected)
+    return chi_square_pvalue([counts[k] for k in keys], [expected[k] * runs for k in keys])

@@ -79,57 +79,30 @@ def engine_micro():
     torch.set_num_threads(before)
 
 
-def target_joint(target, prompt, sampling):
-    """The target's own distribution of its first three sampled tokens (27 cells at top_k=3), from its logits."""
-    cells = {}
-    with torch.no_grad():
-        def dist(prefix):
-            return sampling.probs(target(torch.tensor([prompt + prefix])).logits[0, -1])
-        p1 = dist([])
-        for a in torch.nonzero(p1).flatten().tolist():
-            p2 = dist([a])
-            for b in torch.nonzero(p2).flatten().tolist():
-                p3 = dist([a, b])
-                for c in torch.nonzero(p3).flatten().tolist():
-                    cells[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
-    return cells
-
-
 def engine_pvalue(engine_micro, accept=None):
-    """Sample ENGINE_RUNS three-token generations through an engine session (lru, a quarter of the experts on
-    the 'device', ordering checked) and test them against the target's joint distribution."""
+    """ENGINE_RUNS three-token generations through an engine session (lru, a quarter of the experts on the
+    'device', ordering checked), tested against the target's joint distribution (top_k=3: 27 cells)."""
     from moespac.engine.session import EngineConfig, EngineSession
+    from moespac.lossless import sampling_pvalue, target_joint
 
     target, draft, prompt = engine_micro
-    sampling = Sampling(temperature=1.0, top_k=3)
-    expected = target_joint(target, prompt, sampling)
-    counts = dict.fromkeys(expected, 0)
+    expected = target_joint(target, prompt, Sampling(temperature=1.0, top_k=3))
     session = EngineSession(target, draft, None, EngineConfig(target="micro", policy="lru", cache_ratio=0.25))
     real = speculative.stochastic_accept
     try:
         if accept is not None:
             speculative.stochastic_accept = accept
-        for seed in range(ENGINE_RUNS):
-            (res,), _ = session.generate([prompt], gamma=2, max_new_tokens=3, ignore_eos=True,
-                                         sampling=Sampling(temperature=1.0, top_k=3, seed=seed))
-            counts[tuple(res.tokens)] += 1
+        return sampling_pvalue(session, prompt, expected, ENGINE_RUNS)
     finally:
         speculative.stochastic_accept = real
         session.close()
-    keys = sorted(expected, key=expected.get)
-    obs, exp, small_o, small_e = [], [], 0, 0.0
-    for k in keys:  # cells expected fewer than 5 times are pooled into one
-        e = expected[k] * ENGINE_RUNS
-        if e < 5:
-            small_o, small_e = small_o + counts[k], small_e + e
-        else:
-            obs.append(counts[k])
-            exp.append(e)
-    if small_e:
-        obs.append(small_o)
-        exp.append(small_e)
-    exp = np.array(exp) * sum(obs) / sum(exp)
-    return chisquare(obs, exp).pvalue
+
+
+def test_chi_square_matches_scipy():
+    from moespac.lossless import chi_square_pvalue
+
+    obs, exp = [18, 22, 31, 29, 50], [20, 20, 30, 30, 50]
+    assert chi_square_pvalue(obs, exp) == pytest.approx(chisquare(obs, exp).pvalue, rel=1e-9)
 
 
 def test_engine_speculative_sampling_matches_the_target_distribution(engine_micro):

@@ -122,6 +122,7 @@ class Device:
         self.checker = checker or OrderChecker()
         self._copy_stream = torch.cuda.Stream(self.torch_device) if self.cuda else None
         self._registered: dict[int, int] = {}  # data_ptr -> bytes of host blocks registered with CUDA
+        self.syncs = 0  # host-device synchronisations: routing reads and host waits
 
     def __repr__(self):
         return f"Device({self.torch_device}, {'cuda' if self.cuda else 'cpu stand-in'})"
@@ -152,10 +153,16 @@ class Device:
         self.checker.wait(stream, event)
 
     def host_wait(self, event: Event) -> None:
-        """The host blocks until `event` has completed."""
+        """The host blocks until `event` has completed (a synchronisation, counted on both kinds of device)."""
+        self.syncs += 1
         if self.cuda and event.handle is not None:
             event.handle.synchronize()
         self.checker.host_wait(event)
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        """A device tensor read on the host: a host-device synchronisation on a GPU, counted on both."""
+        self.syncs += 1
+        return t.to("cpu") if self.cuda else t
 
     def synchronize(self) -> None:
         """The host waits for everything issued on both streams."""

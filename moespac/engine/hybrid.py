@@ -15,6 +15,9 @@ a checked stand-in on a CPU), so the CPU tests run what a GPU runs.
 from __future__ import annotations
 
 import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,11 +58,11 @@ def is_experts_module(module) -> bool:
 def find_experts(model) -> list[tuple[torch.nn.Module, torch.nn.Module | None]]:
     """(experts module, its router) for every routed-MoE layer, in layer order."""
     out = []
-    for _, parent in model.named_modules():
-        experts = getattr(parent, "experts", None)
-        if is_experts_module(experts):
+    for name, module in model.named_modules():
+        if is_experts_module(module):
+            parent = model.get_submodule(name.rpartition(".")[0])
             router = next((getattr(parent, n) for n in ("gate", "router") if hasattr(parent, n)), None)
-            out.append((experts, router))
+            out.append((module, router))
     return out
 
 
@@ -130,8 +133,11 @@ class HybridRuntime:
         self.step: StepInfo | None = None
         self._prev_impl = model.config._experts_implementation
         self.grouped = grouped_mm_supported(self.device.torch_device, self.store.dtype)
+        self.host_grouped = grouped_mm_supported(torch.device("cpu"), self.store.dtype)
         self._staging: dict[str, torch.Tensor] = {}
-        self._h2d_done = NO_EVENT
+        self.phases: dict[str, float] = defaultdict(float)
+        """Host wall seconds by phase of the MoE layers (routing read, policy, device issue, host rows wait,
+        host experts, merge, whole layer), summed since the runtime opened; read them with phase_times()."""
         self.reconfigure(config)
         for i, m in enumerate(self.experts):
             m._moespac_runtime, m._moespac_layer = self, i
@@ -263,13 +269,29 @@ class HybridRuntime:
                 self.cv.wait()
 
     # -- the layer -----------------------------------------------------------------------------------
+    @contextmanager
+    def _phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] += time.perf_counter() - t0
+
+    def phase_times(self) -> dict[str, float]:
+        return dict(self.phases)
+
     def layer_forward(self, layer: int, module, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
+        with self._phase("moe layers"):
+            return self._layer(layer, module, hidden, ids, weights)
+
+    def _layer(self, layer: int, module, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
         E = self.topology.num_experts
         T, k = ids.shape
-        flat = ids.reshape(-1).to("cpu", torch.int64).numpy()  # the policy needs the routing: one device sync
+        with self._phase("routing read"):  # the policy needs the routing: the layer's first device sync
+            flat = self.device.to_host(ids.reshape(-1)).to(torch.int64).numpy()
         counts = np.bincount(flat, minlength=E)
         cache, counters, store = self.cache, self.cache.counters, self.store
-        with self.cv:
+        with self.cv, self._phase("policy and on-demand copies"):
             counters.prefetch_dropped += self.queue.drop_layer(layer)
             self._wait_issuing(layer)  # a copy for this layer being issued is worth its wait
             active = counts > 0
@@ -299,8 +321,8 @@ class HybridRuntime:
         out = self._compute(layer, module, hidden, flat, weights, counts, on_device, slot_of, T, k)
         cross = self._cross_layer(layer, hidden)
         if cross is not None and self.step is not None and "cross_layer_topk" in self.step.signals:
-            self.step.signals["cross_layer_topk"][layer] = cross.cpu().numpy()  # the policy reads it now
-        with self.cv:
+            self.step.signals["cross_layer_topk"][layer] = self.device.to_host(cross).numpy()  # the policy reads it now
+        with self.cv, self._phase("policy and on-demand copies"):
             cache.frozen[layer] = False
             requests = self.policy.end_layer(layer, counts, cache)
         self._push(requests)
@@ -309,8 +331,10 @@ class HybridRuntime:
         return out
 
     def _compute(self, layer, module, hidden, flat, weights, counts, on_device, slot_of, T, k):
-        """Device experts as one grouped call over the slot pool, host experts as one over the host weights;
-        each (token, k) row keeps its routing weight and the rows are summed per token in a fixed order."""
+        """Device experts as one grouped call over the slot pool, host experts as one over the host weights,
+        overlapped: the host rows leave for the host before the device part is issued, so on a GPU the host
+        computes while the device stream runs. Each (token, k) row keeps its routing weight and the rows of a
+        token are summed in a fixed order, so where an expert ran never changes the numbers."""
         dev, store = self.device, self.store
         lay = store.layouts[layer]
         H = hidden.shape[-1]
@@ -322,54 +346,72 @@ class HybridRuntime:
         used = np.flatnonzero(counts * on_device)
         slot_counts = np.zeros(store.capacity, dtype=np.int64)
         slot_counts[slot_of[used]] = counts[used]
-        order_t = torch.as_tensor(order).to(hidden.device, non_blocking=True)
+        order_t = self._to_device("order", order)
         x = hidden[order_t // k]
+        host_rows = None
+        if n_dev < len(flat):  # 1. host rows on their way (a non-blocking copy into a pinned buffer on a GPU)
+            host_rows = self._rows_to_host(x[n_dev:])
         parts = []
-        if n_dev:
-            dev.wait(COMPUTE, max((store.ready[s] for s in slot_of[used]), key=lambda e: e.value))
-            dev.read_slots([(int(slot_of[e]), (layer, int(e))) for e in used])
-            parts.append(grouped_experts(module, lay, x[:n_dev], store.slots, slot_counts, self.grouped))
-            done = dev.record(COMPUTE)
+        if n_dev:  # 2. device part issued (asynchronous on a GPU), after the copies of its slots
+            with self._phase("device experts (issue; all of it on a CPU)"):
+                dev.wait(COMPUTE, max((store.ready[s] for s in slot_of[used]), key=lambda e: e.value))
+                dev.read_slots([(int(slot_of[e]), (layer, int(e))) for e in used])
+                parts.append(grouped_experts(module, lay, x[:n_dev], store.slots, slot_counts, self.grouped))
+                done = dev.record(COMPUTE)
             for s in slot_of[used]:
                 store.read_done[s] = done
-        if n_dev < len(flat):
-            host_counts = np.where(on_device, 0, counts)
-            parts.append(self._host_part(layer, module, x[n_dev:], host_counts))
+        if host_rows is not None:  # 3. host part, meanwhile; its rows come back with one copy
+            x_host, ready = host_rows
+            with self._phase("host rows wait"):
+                dev.host_wait(ready)  # the layer's second device sync: its host rows have arrived
+            with self._phase("host experts"):
+                y = grouped_experts(module, lay, x_host, store.host[layer], np.where(on_device, 0, counts),
+                                    self.host_grouped)
+                parts.append(self._rows_to_device(y))
         rows = torch.cat(parts) if len(parts) > 1 else parts[0]
         rows_out = torch.empty_like(rows)
         rows_out[order_t] = rows
         # the routing weight times each row, then the k rows of a token summed: transformers' own order and dtypes
         return (rows_out * weights.reshape(-1, 1)).view(T, k, H).sum(dim=1).to(hidden.dtype)
 
-    def _host_part(self, layer, module, x, counts):
-        """Host experts on the host weights; on a GPU their rows go through pinned buffers both ways."""
-        dev, store = self.device, self.store
-        if not dev.cuda:
-            return grouped_experts(module, store.layouts[layer], x, store.host[layer], counts,
-                                   grouped_mm_supported(torch.device("cpu"), store.dtype))
-        n, H = x.shape
-        x_host = self._stage("x", n, H, x.dtype)
+    def _rows_to_host(self, x):
+        """(host rows, the event after which they are there); on a CPU the rows are already on the host, and the
+        wait for them is counted as the GPU's would be."""
+        if not self.device.cuda:
+            return x, self.device.record(COMPUTE)
+        x_host = self._stage("x", x.shape, x.dtype)
         x_host.copy_(x, non_blocking=True)
-        dev.host_wait(dev.record(COMPUTE))  # the second device sync of the layer: its host rows
-        y = grouped_experts(module, store.layouts[layer], x_host, store.host[layer], counts,
-                            grouped_mm_supported(torch.device("cpu"), store.dtype))
-        dev.host_wait(self._h2d_done)  # the previous layer's rows have left the pinned buffer
-        y_host = self._stage("y", n, H, y.dtype)
-        y_host.copy_(y)
-        out = y_host.to(dev.torch_device, non_blocking=True)
-        self._h2d_done = dev.record(COMPUTE)
-        return out
+        return x_host, self.device.record(COMPUTE)
 
-    def _stage(self, name: str, n: int, H: int, dtype) -> torch.Tensor:
-        """A pinned [n, H] host buffer, grown as needed (exactly sized blocks)."""
-        need = n * H * torch.empty((), dtype=dtype).element_size()
+    def _rows_to_device(self, y):
+        if not self.device.cuda:
+            return y
+        # the pinned buffer is free: this layer's routing read waited for the compute stream, which carried the
+        # previous layer's copy out of it
+        y_host = self._stage("y", y.shape, y.dtype)
+        y_host.copy_(y)
+        return y_host.to(self.device.torch_device, non_blocking=True)
+
+    def _to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
+        """A small host array on the device: through a pinned buffer on a GPU, so the copy never blocks."""
+        t = torch.from_numpy(array)
+        if not self.device.cuda:
+            return t
+        staged = self._stage(name, t.shape, t.dtype)
+        staged.copy_(t)
+        return staged.to(self.device.torch_device, non_blocking=True)
+
+    def _stage(self, name: str, shape, dtype) -> torch.Tensor:
+        """A pinned host buffer of `shape`, grown as needed (exactly sized blocks). Reused from one layer to
+        the next: the next layer's routing read waits for the compute stream, so earlier copies are done."""
+        need = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
         buf = self._staging.get(name)
         if buf is None or buf.numel() < need:
             if buf is not None:
                 self.device.synchronize()
                 self.device.release_host_block(buf)
             buf = self._staging[name] = self.device.host_block(max(need, 2 * (buf.numel() if buf is not None else 0)))
-        return buf[:need].view(dtype).view(n, H)
+        return buf[:need].view(dtype).view(shape)
 
     def _cross_layer(self, layer: int, hidden: torch.Tensor) -> torch.Tensor | None:
         """Top-k of layer l+1's router on layer l's input (Fate / SpecExp predictors); None at the last layer

@@ -1,7 +1,8 @@
 """A causal LM over a batch with its KV cache, as speculative decoding needs it.
 
-- The cache goes in under the keyword the model's forward takes (`cache` in newer transformers 5 releases,
-  `past_key_values` before): an unknown keyword would be swallowed by **kwargs and the cache left empty.
+- The model makes its own cache on the first forward (some architectures need their own cache class); it
+  then goes in under the keyword the model's forward takes (`cache` in newer transformers 5 releases,
+  `past_key_values` before): an unknown keyword would be swallowed by **kwargs and a new cache started.
 - Sequences of a batch accept different numbers of drafts, so the cache columns are shared while
   `valid[b, c]` says whether column c belongs to sequence b (rejected drafts and padding do not). Columns
   past every sequence's last valid one are cropped for real; holes are masked out and compacted away when
@@ -50,12 +51,10 @@ class CachedModel:
     """A causal LM over a batch, with its KV cache and a validity mask over cache columns."""
 
     def __init__(self, model, batch: int):
-        from transformers import DynamicCache
-
         self.model = model
         self.device = model.get_input_embeddings().weight.device
         self.keyword = cache_keyword(model)
-        self.cache = DynamicCache(config=model.config)
+        self.cache = None  # the model makes its own on the first forward (some need their own cache class)
         self.valid = torch.zeros((batch, 0), dtype=torch.bool, device=self.device)
         self._checkpoint = None
 
@@ -65,7 +64,7 @@ class CachedModel:
 
     @property
     def recurrent(self) -> bool:
-        return any(_recurrent(layer) for layer in getattr(self.cache, "layers", []))
+        return any(_recurrent(layer) for layer in getattr(self.cache, "layers", None) or [])
 
     @torch.no_grad()
     def forward(self, pending: list[list[int]]) -> torch.Tensor:
@@ -81,16 +80,24 @@ class CachedModel:
         pos = (self.lengths[:, None] + torch.cumsum(new_valid, 1) - 1).clamp_min(0)
         mask = torch.cat([self.valid, new_valid], 1)
         batched = len(pending) > 1 or not bool(mask.all())
-        out = self.model(input_ids=ids, use_cache=True, position_ids=pos,
-                         attention_mask=mask.long() if batched else None, **{self.keyword: self.cache})
-        if self.cache.get_seq_length() == 0 and not self.recurrent:
-            raise MoespacError(f"{type(self.model).__name__}: the KV cache stayed empty after a forward (the model "
-                               f"ignored {self.keyword}=); this transformers release is not supported")
+        out = self.model(input_ids=ids, use_cache=True, position_ids=pos, attention_mask=mask.long() if batched else None,
+                         **({} if self.cache is None else {self.keyword: self.cache}))
+        returned = out["cache"] if "cache" in out.keys() else out.get("past_key_values")
+        if returned is None:
+            raise MoespacError(f"{type(self.model).__name__}: the forward returned no KV cache")
+        if self.cache is None:
+            self.cache = returned
+        elif returned is not self.cache:
+            raise MoespacError(f"{type(self.model).__name__}: the model ignored {self.keyword}= and started a new KV "
+                               "cache; this transformers release is not supported")
         self.valid = mask
         return out.logits
 
     def checkpoint(self) -> None:
         """Before a forward whose tokens may be partly rejected: copy what a crop cannot undo."""
+        if self.cache is None:  # nothing yet: rolling back is starting over
+            self._checkpoint = (self.valid.clone(), None)
+            return
         if not self.recurrent:
             return
         if self.valid.shape[0] != 1:
@@ -101,16 +108,21 @@ class CachedModel:
 
     def keep(self, lengths: list[int]) -> None:
         """Keep the first lengths[b] valid columns of each sequence; drop the rest."""
-        if self._checkpoint is not None:
-            valid, states = self._checkpoint
-            self._checkpoint = None
-            if int(self.lengths[0]) > lengths[0]:  # a token since the checkpoint is dropped: roll back
-                self._crop_attention(self.valid.shape[1] - valid.shape[1])
-                for i, saved in states.items():
-                    for k, v in saved.items():
-                        setattr(self.cache.layers[i], k, v)
+        checkpoint, self._checkpoint = self._checkpoint, None
+        if checkpoint is not None and self.recurrent:
+            valid, states = checkpoint
+            if bool((self.lengths > torch.tensor(lengths, device=self.device)).any()):  # a token since is dropped
+                if states is None:
+                    self.cache = None
+                else:
+                    self._crop_attention(self.valid.shape[1] - valid.shape[1])
+                    for i, saved in states.items():
+                        for k, v in saved.items():
+                            setattr(self.cache.layers[i], k, v)
                 self.valid = valid
             return
+        if self.recurrent and bool((self.lengths > torch.tensor(lengths, device=self.device)).any()):
+            raise MoespacError("recurrent (linear-attention) state cannot be cropped without a checkpoint()")
         rank = torch.cumsum(self.valid, 1)
         self.valid &= rank <= torch.tensor(lengths, device=self.device)[:, None]
         used = torch.nonzero(self.valid.any(0))
