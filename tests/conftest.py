@@ -13,3 +13,15 @@ def micro_dir(tmp_path_factory):
     from moespac.models.micro import make_micro
 
     return make_micro(tmp_path_factory.mktemp("micro"), "qwen3_moe", seed=0)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one torch thread is fastest, and a waiting OpenMP team on a busy machine makes each
+    operator many times slower (restored afterwards)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -17,12 +17,7 @@ from moespac.models.micro import build_micro
 from moespac.registry import make_policy
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- the checker's rules ---------------------------------------------------------------------------------------

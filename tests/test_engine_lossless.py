@@ -12,13 +12,7 @@ from moespac.models.micro import ARCHS, build_micro
 from moespac.registry import make_policy
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one torch thread (a waiting OpenMP team on a busy machine makes each op many times slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -12,13 +12,7 @@ from moespac.models.proxy import build_proxy, get_config
 from moespac.models.proxy_train import target_loss
 
 
-@pytest.fixture(scope="module", autouse=True)
-def threads():
-    """Tiny models: one thread avoids OpenMP waits on a busy shared machine (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

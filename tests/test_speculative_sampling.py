@@ -69,14 +69,11 @@ ENGINE_RUNS = 1200
 
 
 @pytest.fixture(scope="module")
-def engine_micro():
+def engine_micro(one_torch_thread):
     from moespac.models.micro import build_micro
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and immune to a busy machine
     target, draft, tok = build_micro("qwen3_moe", dtype=torch.float64, seed=2)
-    yield target, draft, tok.encode("def add(a, b):")
-    torch.set_num_threads(before)
+    return target, draft, tok.encode("def add(a, b):")
 
 
 def engine_pvalue(engine_micro, accept=None):
