@@ -356,7 +356,8 @@ class HybridRuntime:
             with self._phase("device experts (issue; all of it on a CPU)"):
                 dev.wait(COMPUTE, max((store.ready[s] for s in slot_of[used]), key=lambda e: e.value))
                 dev.read_slots([(int(slot_of[e]), (layer, int(e))) for e in used])
-                parts.append(grouped_experts(module, lay, x[:n_dev], store.slots, slot_counts, self.grouped))
+                parts.append(grouped_experts(module, lay, x[:n_dev], store.slots, slot_counts, self.grouped,
+                                             lambda name, a: self._to_device(f"device {name}", a)))
                 done = dev.record(COMPUTE)
             for s in slot_of[used]:
                 store.read_done[s] = done

@@ -86,18 +86,24 @@ def _linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor | None, coun
     return torch.cat(parts) if parts else x.new_zeros((0, w.shape[-1] if transposed else w.shape[-2]))
 
 
+def _plain_to_device(name: str, array: np.ndarray, device) -> torch.Tensor:
+    return torch.from_numpy(array).to(device, non_blocking=True)
+
+
 def grouped_experts(module, layout: ExpertLayout, x: torch.Tensor, weights: dict, counts: np.ndarray,
-                    grouped: bool) -> torch.Tensor:
+                    grouped: bool, to_device=None) -> torch.Tensor:
     """Expert outputs for rows x [S, H], sorted by group, counts[g] rows of group g (g indexes the leading dim
     of every tensor in `weights`). transformers' semantics: up (+ bias), gate or activation, down (+ bias),
-    post-expert norm. No routing weight is applied here."""
+    post-expert norm. No routing weight is applied here. `to_device(name, array)` moves the small index
+    arrays (the engine's goes through pinned buffers, so the copy never blocks the host)."""
     if not len(x):
         return x.new_zeros((0, x.shape[-1]))
+    move = to_device or (lambda name, a: _plain_to_device(name, a, x.device))
     offsets, group_of_row = None, None
     if grouped:
-        offsets = torch.as_tensor(np.cumsum(counts, dtype=np.int32)).to(x.device, non_blocking=True)
+        offsets = move("offsets", np.cumsum(counts, dtype=np.int32))
     if layout.has_bias:
-        group_of_row = torch.as_tensor(np.repeat(np.arange(len(counts)), counts)).to(x.device, non_blocking=True)
+        group_of_row = move("groups", np.repeat(np.arange(len(counts)), counts))
     h = _linear(x, weights[layout.up], offsets, counts, layout.is_transposed)
     if layout.has_bias:
         h = h + weights[layout.names[2]][group_of_row]
