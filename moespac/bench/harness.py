@@ -236,16 +236,16 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
     tcfg = prep.trace_config
     bench = datasets.get_benchmark(tcfg["benchmark"])
     trace_path = trace_out or cfg.from_trace
-    warmup = None  # the window of the 'warmup_counts' signal
+    warmup, memory = None, None  # the window of the 'warmup_counts' signal; the engine's memory plan
     if prep.trace is not None:
         trace = prep.trace
     else:
         prompts = datasets.seeded_sample(datasets.load_benchmark(bench.name, source=cfg.source), cfg.limit, cfg.seed)
-        trace, calls, policy_stats, warmup = engine_run(cfg, prep, prompts, progress)
+        trace, calls, policy_stats, warmup, memory = engine_run(cfg, prep, prompts, progress)
         if trace_out:
             trace.save(trace_out)
     if cfg.timing == "measured":
-        extra = dict(profile=None)
+        extra = dict(profile=None, memory_plan=memory)
     else:
         calls, policy_stats, extra = simulated_calls(cfg, trace, trace_path, prep.config["warmup_steps"])
         warmup = extra["simulation"]["warmup_window"]
@@ -272,7 +272,7 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
 
 def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool = True):
     """Run the prompts through the engine; returns (trace, calls with measured timing, policy stats, the
-    window of the 'warmup_counts' signal or None).
+    window of the 'warmup_counts' signal or None, the memory plan's summary).
 
     The trace's meta['bench'] keeps the per-request facts (tokens, drafts, acceptances) and skips.
     The warm-up calls are recorded apart; their routing counts are the 'warmup_counts' signal of the measured
@@ -357,7 +357,10 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
             config=tcfg, prompts=len(prompts), rows=rows, skipped=skipped, proxy=[p.proxy for p in prompts]))
     finally:
         session.close()
-    return trace, calls, policy_stats, warmup
+    plan = session.plan
+    memory = None if plan is None else dict(slots=plan.slots, cache_ratio=plan.cache_ratio, chosen=plan.requested,
+                                            device_bytes=plan.device_total, host_peak_bytes=plan.host_peak)
+    return trace, calls, policy_stats, warmup, memory
 
 
 def fit_prompts(prompts, tokenizer, context: int, max_new_tokens: int, gamma: int):
