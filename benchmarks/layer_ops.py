@@ -7,7 +7,9 @@ Operators are counted at the ATen dispatcher (every kernel a GPU would launch, a
 experts call of one MoE layer, on a verify batch of --tokens tokens; the hybrid layer is measured with every
 expert on the device (cache ratio 1), with every expert on the host (0), and with a quarter on the device.
 Synchronisations are the engine's own count (moespac.engine.device: routing reads and host waits), which on
-a GPU are exactly the points where the host waits for the device.
+a GPU are exactly the points where the host waits for the device. Two counts per ratio: the path a GPU runs
+(one grouped matmul per projection and side), and this CPU's (a sparse side runs one expert at a time, since
+torch's CPU grouped matmul walks every empty group: fewer microseconds, more operators).
 """
 
 from __future__ import annotations
@@ -67,8 +69,11 @@ def main() -> None:
     print(f"one MoE layer: {args.experts} experts, top-{args.top_k}, {args.tokens} tokens ({distinct} distinct experts), "
           f"fp32, CPU")
     print(f"stock transformers ({stock.config._experts_implementation}) experts call: {stock_ops} ops (measured)")
+    from moespac.engine import kernels
+
     rows = []
-    for ratio in (1.0, 0.25, 0.0):
+    for ratio, gpu_path in ((1.0, True), (0.25, True), (0.0, True), (0.25, False), (0.0, False)):
+        kernels.CPU_SPARSE_LOOP = not gpu_path
         rt = HybridRuntime(model, make_policy("lru" if ratio else "all-host"),
                            RuntimeConfig(cache_ratio=ratio, copy_mode="sync"))
         try:
@@ -80,12 +85,14 @@ def main() -> None:
             syncs = rt.device.syncs - syncs
         finally:
             rt.close()
-        rows.append((ratio, ops, syncs))
-        print(f"hybrid layer, cache ratio {ratio:g}: {ops} ops ({ops / stock_ops:.2f}x stock), {syncs} host-device "
-              f"syncs (measured)")
-    worst = max(r[1] for r in rows) / stock_ops
+        rows.append((ratio, ops, syncs, gpu_path))
+        path = "grouped, the GPU's path" if gpu_path else "this CPU's path"
+        print(f"hybrid layer, cache ratio {ratio:g} ({path}): {ops} ops ({ops / stock_ops:.2f}x stock), {syncs} "
+              f"host-device syncs (measured)")
+    kernels.CPU_SPARSE_LOOP = True
+    worst = max(r[1] for r in rows if r[3]) / stock_ops
     syncs = max(r[2] for r in rows)
-    print(f"goal ops <= 2x stock: {'OK' if worst <= 2 else 'MISSED'} (worst {worst:.2f}x); "
+    print(f"goal ops <= 2x stock on the grouped path: {'OK' if worst <= 2 else 'MISSED'} (worst {worst:.2f}x); "
           f"goal syncs <= 2: {'OK' if syncs <= 2 else 'MISSED'} (worst {syncs})")
 
 
