@@ -54,9 +54,9 @@ def test_sampling_draws_on_the_probabilities_device(micro, monkeypatch):
     made, draws = [], []
     real_gen, real_multinomial = torch.Generator, torch.multinomial
 
-    def generator(device="cpu"):
-        made.append(torch.device(device))
-        return real_gen(device=device)
+    def generator(device=None):  # records the device asked for; the old code asked for none (a CPU generator)
+        made.append(None if device is None else torch.device(device))
+        return real_gen(device=device or "cpu")
 
     def multinomial(p, n, generator=None):
         draws.append((p.device, generator.device))
