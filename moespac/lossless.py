@@ -17,9 +17,6 @@ import torch
 from moespac.engine.hybrid import RuntimeConfig
 from moespac.registry import make_policy
 
-REFERENCES = ("stock", "host")
-
-
 @dataclass
 class Mismatch:
     prompt: int

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
 from moespac.cache import ExpertCache, PrefetchQueue
-from moespac.engine.device import COMPUTE, NO_EVENT, Device
+from moespac.engine.device import COMPUTE, Device
 from moespac.engine.kernels import grouped_experts, grouped_mm_supported
 from moespac.engine.store import ExpertStore
 from moespac.errors import MoespacError
@@ -163,14 +163,7 @@ class HybridRuntime:
             self.device.synchronize()
             L, E = self.topology.num_layers, self.topology.num_experts
             capacity = config.slot_count(L * E, self.store.expert_bytes)
-            if capacity != self.store.capacity:
-                self.store.slots = {}  # the old pool goes before the new one is allocated
-                self.store.slots = {n: torch.empty((capacity, *shape[1:]), dtype=self.store.dtype,
-                                                   device=self.device.torch_device)
-                                    for n, shape in self.store.shapes.items()}
-            self.store.capacity = capacity
-            self.store.ready = [NO_EVENT] * capacity
-            self.store.read_done = [NO_EVENT] * capacity
+            self.store.resize(capacity)
             self.config = config
             self.cache = ExpertCache(self.topology, capacity, capacity // L if config.per_layer else None,
                                      expert_bytes=self.store.copy_bytes)

@@ -67,11 +67,18 @@ class ExpertStore:
         self.host: list[dict[str, torch.Tensor]] = [self._take(m) for m in experts]
         self.host_bytes = sum(b.numel() for b in self._blocks)
         self.shapes = {n: torch.Size(s) for n, s in shapes.items()}
-        self.slots = {n: torch.empty((capacity, *s[1:]), dtype=self.dtype, device=device.torch_device)
-                      for n, s in shapes.items()}
-        self.capacity = capacity
         if self.int4:  # quantised once, as Fate keeps the INT4 versions on the host (weights only; biases exact)
             self.int4_host = [{n: [int4_pack(w) for w in layer[n]] for n in self.layout.names[:2]} for layer in self.host]
+        self.capacity = -1
+        self.resize(capacity)
+
+    def resize(self, capacity: int) -> None:
+        """A slot pool of `capacity` experts (the caller has waited for everything that used the old one)."""
+        if capacity != self.capacity:
+            self.slots = {}  # the old pool goes before the new one is allocated
+            self.slots = {n: torch.empty((capacity, *s[1:]), dtype=self.dtype, device=self.device.torch_device)
+                          for n, s in self.shapes.items()}
+        self.capacity = capacity
         self.ready: list[Event] = [NO_EVENT] * capacity  # copy that filled the slot
         self.read_done: list[Event] = [NO_EVENT] * capacity  # latest compute that read the slot
 
