@@ -216,6 +216,9 @@ class HybridRuntime:
         self.model.set_experts_implementation(self._prev_impl)
         self.store.restore()
         self.store.slots = {}
+        for buf in self._staging.values():  # pinned staging blocks go back to the host as well
+            self.device.release_host_block(buf)
+        self._staging = {}
         for m in self.experts:
             m._moespac_runtime = None
         self.model._moespac_runtime = None
