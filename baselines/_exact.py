@@ -62,9 +62,10 @@ class Schedule:
 
 
 def exact_on_demand(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
-                    load: float, serial: bool, capacity: int) -> Schedule:
+                    load: float, serial: bool, capacity: int, device_call: float = 0.0) -> Schedule:
     """The least-time schedule that never prefetches. counts int [S, L, E]; dev_cost / host_cost: expert time
-    by routing count; hidden [S]: host transfer of the step when any expert of a layer runs on the host."""
+    by routing count; hidden [S]: host-side fixed time of the step when any expert of a layer runs on the host;
+    device_call: the device side's when any runs on the device."""
     S, L, E = counts.shape
     active = counts > 0
     used_at = [_mask(active[p // L, p % L], p % L, E) for p in range(S * L)]
@@ -82,7 +83,7 @@ def exact_on_demand(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndar
         s, layer = divmod(p, L)
         A, keep = used_at[p], future[p + 1]
         best_t, best_wall = _best_device_sets(counts[s, layer], active[s, layer], dev_cost, host_cost,
-                                              float(hidden[s]), serial)
+                                              float(hidden[s]), serial, device_call)
         local = {m: _compress(m, A) for m in _submasks(A)}
         nxt, how = {}, {}
         for C, v in cur.items():
@@ -120,14 +121,14 @@ def exact_on_demand(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndar
     return out
 
 
-def _best_device_sets(counts, active, dev_cost, host_cost, hidden, serial):
+def _best_device_sets(counts, active, dev_cost, host_cost, hidden, serial, device_call=0.0):
     """For every subset R of the layer's active experts (local bitmask over them in expert order): the device
     set T within R of least expert time (local bitmask) and that time; the rest run on the host."""
     experts = np.flatnonzero(active)
     n = len(experts)
     sets = all_subsets(n)
     d, h = dev_cost[counts[experts]], host_cost[counts[experts]]
-    dev = sets @ d
+    dev = sets @ d + device_call * sets.any(1)
     host = h.sum() - sets @ h + hidden * ~sets.all(1)
     best, best_t = subset_min(expert_wall(dev, host, serial))
     return best_t.tolist(), best.tolist()

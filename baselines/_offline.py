@@ -1,8 +1,9 @@
 """The oracle's offline arithmetic: which experts of a layer run on the device, and the best static placement.
 
 A layer's expert time, for a set D of its active experts on the device (the rest on the host), is the
-simulator's own rule (moespac/sim/replay.py): max(device, host + hidden transfer), or their sum when the
-device is the host CPU, plus one copy per expert of D that is not resident (on-demand loads block).
+simulator's own rule (moespac/sim/replay.py): max(device call + device, host + hidden transfer), or their sum
+when the device is the host CPU, plus one copy per expert of D that is not resident (on-demand loads block).
+The device call y is charged when D is not empty, the host side's fixed x when some expert is left off D.
 
 Device sets are enumerated exactly (every subset) when a layer has at most EXACT_EXPERTS candidates, and
 otherwise taken among the prefixes of the experts ordered by how much the device saves (a heuristic: the
@@ -64,10 +65,11 @@ def subset_min(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def layer_times(sets: np.ndarray, d: np.ndarray, h: np.ndarray, x: float, serial: bool,
-                h_fixed: float = 0.0) -> np.ndarray:
-    """[K] expert time of the layer for each device set (no loads): device d, host h, hidden transfer x
-    when any expert runs on the host; h_fixed = host time of experts that never run on the device."""
-    dev = sets.astype(np.float64) @ d
+                h_fixed: float = 0.0, y: float = 0.0) -> np.ndarray:
+    """[K] expert time of the layer for each device set (no loads): device d, host h, host-side fixed x
+    when any expert runs on the host, device call y when any runs on the device; h_fixed = host time of
+    experts that never run on the device."""
+    dev = sets.astype(np.float64) @ d + y * sets.any(1)
     off = ~sets
     host = off.astype(np.float64) @ h + h_fixed
     host = host + x * (off.any(1) | (h_fixed > 0))
@@ -75,7 +77,7 @@ def layer_times(sets: np.ndarray, d: np.ndarray, h: np.ndarray, x: float, serial
 
 
 def static_layer_values(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
-                        serial: bool, max_slots: int) -> tuple[np.ndarray, list[np.ndarray]]:
+                        serial: bool, max_slots: int, device_call: float = 0.0) -> tuple[np.ndarray, list[np.ndarray]]:
     """One layer, never copying: values[b] = least total expert time over the steps with b experts resident
     (each step splits its active residents between device and host at its best), and sets[b] the experts.
 
@@ -87,7 +89,7 @@ def static_layer_values(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.
     d, h = dev_cost[counts[:, used]], host_cost[counts[:, used]]  # [S, n_used]; 0 where inactive
     active = counts[:, used] > 0
     if len(used) <= EXACT_EXPERTS:
-        values = _exact_static(active, d, h, hidden, serial)
+        values = _exact_static(active, d, h, hidden, serial, device_call)
         subsets = all_subsets(len(used))
         sizes = subsets.sum(1)
         # among equally fast sets, the one whose experts are first needed soonest: the same time for this
@@ -108,7 +110,7 @@ def static_layer_values(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.
     for b in grid:
         resident = np.zeros(len(used), dtype=bool)
         resident[rank[:b]] = True
-        values[b] = _prefix_static(active & resident, d, h, hidden, serial).sum()
+        values[b] = _prefix_static(active & resident, d, h, hidden, serial, device_call).sum()
         sets[b] = used[rank[:b]]
     for b in range(1, n + 1):  # a slot count between grid points keeps the smaller grid point's set
         if values[b] > values[b - 1]:
@@ -116,11 +118,11 @@ def static_layer_values(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.
     return values, sets
 
 
-def _exact_static(active, d, h, hidden, serial):
+def _exact_static(active, d, h, hidden, serial, device_call=0.0):
     """values [2^n]: total time over the steps with resident set = bitmask m, each step at its best split."""
     S, n = active.shape
     sets = all_subsets(n)
-    dev = d @ sets.T  # [S, 2^n]: device time if the set ran on the device
+    dev = d @ sets.T + device_call * sets.any(1)  # [S, 2^n]: device time if the set ran on the device
     host = h.sum(1, keepdims=True) - h @ sets.T
     left = (active[:, None, :] & ~sets[None, :, :]).any(2)  # something of the step stays on the host
     host = host + hidden[:, None] * left
@@ -130,7 +132,7 @@ def _exact_static(active, d, h, hidden, serial):
     return subset_min(g)[0].sum(0)  # best split within each resident set
 
 
-def _prefix_static(eligible, d, h, hidden, serial):
+def _prefix_static(eligible, d, h, hidden, serial, device_call=0.0):
     """[S] each step's best prefix split, device candidates = `eligible`, ordered by h - d."""
     order = np.argsort(-(h - d), axis=1, kind="stable")
     e = np.take_along_axis(eligible, order, 1)
@@ -140,18 +142,20 @@ def _prefix_static(eligible, d, h, hidden, serial):
     dev = np.concatenate([zero, np.cumsum(ds, 1)], 1)
     host = h.sum(1, keepdims=True) - np.concatenate([zero, np.cumsum(hs, 1)], 1)
     on_dev = np.concatenate([zero, np.cumsum(e, 1)], 1)
+    dev = dev + device_call * (on_dev > 0)
     left = on_dev < (d > 0).sum(1, keepdims=True)  # active experts left on the host
     host = host + hidden[:, None] * left
     return expert_wall(dev, host, serial).min(1)
 
 
 def static_placement(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
-                     serial: bool, capacity: int, per_layer_capacity: int | None) -> np.ndarray:
+                     serial: bool, capacity: int, per_layer_capacity: int | None, device_call: float = 0.0) -> np.ndarray:
     """bool [L, E]: the resident set that never copies and minimises the request's expert time (counts int
     [S, L, E]): each layer's best set per slot count, then slots shared among layers by dynamic programming."""
     S, L, E = counts.shape
     per_layer = E if per_layer_capacity is None else per_layer_capacity
-    layers = [static_layer_values(counts[:, l], dev_cost, host_cost, hidden, serial, min(per_layer, capacity))
+    layers = [static_layer_values(counts[:, l], dev_cost, host_cost, hidden, serial, min(per_layer, capacity),
+                                  device_call)
               for l in range(L)]
     C = min(capacity, sum(len(v) - 1 for v, _ in layers))
     best = np.zeros(C + 1)  # least time of the layers so far with at most c slots

@@ -72,6 +72,7 @@ class Oracle(Policy):
         self.prefetch, self.host, self.plan, self.eager = bool(prefetch), bool(host), plan, bool(eager)
         self.credit = bool(credit)
         self.counts = None
+        self.device_call = 0.0
         self._static: dict = {}
 
     def offline_plans(self, topology, capacity: int, per_layer_capacity: int | None) -> list["Oracle"]:
@@ -96,10 +97,13 @@ class Oracle(Policy):
         return plans
 
     def bind_trace(self, counts: np.ndarray, device_by_count=None, host_by_count=None, hidden=None,
-                   load: float | None = None, serial: bool = False, attention=None, other=None, draft=None) -> None:
+                   load: float | None = None, serial: bool = False, attention=None, other=None, draft=None,
+                   device_call: float = 0.0) -> None:
         """The request's future: counts int [S, L, E] per step index, and (optionally) the simulator's costs:
-        expert time on device / host by routing count, hidden transfer per step, one copy, serial mode, and
-        the fixed time of each step (attention per layer, the rest of the forward, the draft phase)."""
+        expert time on device / host by routing count, the host side's fixed time per step (its call and the
+        hidden transfer), one copy, serial mode, the fixed time of each step (attention per layer, the rest of
+        the forward, the draft phase) and the device call of a layer with device experts."""
+        self.device_call = float(device_call)
         self.counts = np.asarray(counts)
         self.dev_cost = None if device_by_count is None else np.asarray(device_by_count, dtype=np.float64)
         self.host_cost = None if host_by_count is None else np.asarray(host_by_count, dtype=np.float64)
@@ -140,17 +144,17 @@ class Oracle(Policy):
                 raise MoespacError(f"oracle plan 'exact': {topo.num_layers} x {topo.num_experts} experts in "
                                    f"{ctx.capacity} slots are too many for its search (baselines/_exact.py, MAX_WORK)")
             self.schedule = _exact.exact_on_demand(self.counts, self.dev_cost, self.host_cost, self.hidden,
-                                                   self.load_s, self.serial, ctx.capacity)
+                                                   self.load_s, self.serial, ctx.capacity, self.device_call)
             return placement | self.schedule.start
         if self.plan in STATIC_STARTS:
             if self.dev_cost is None or self.host_cost is None or self.hidden is None:
                 raise RuntimeError(f"oracle plan {self.plan!r} needs the simulator's costs (bind_trace)")
             n = max(1, int(np.ceil(STATIC_STARTS[self.plan] * S)))
             digest = hashlib.blake2b(self.counts[:n].tobytes() + self.hidden[:n].tobytes()).hexdigest()
-            key = (digest, n, ctx.capacity, ctx.per_layer_capacity)
+            key = (digest, n, ctx.capacity, ctx.per_layer_capacity, self.device_call)
             if key not in self._static:
                 self._static[key] = static_placement(self.counts[:n], self.dev_cost, self.host_cost, self.hidden[:n],
-                                                     self.serial, ctx.capacity, ctx.per_layer_capacity)
+                                                     self.serial, ctx.capacity, ctx.per_layer_capacity, self.device_call)
             return placement | self._static[key]
         # the initial placement is free (made before the request): the soonest-needed experts
         # (worth ignored: a placement costs nothing, and each layer's plan still picks device or host)
@@ -315,7 +319,7 @@ class Oracle(Policy):
         # on-demand loads first wait for the copy in flight (at most one copy time)
         inflight = load if getattr(cache, "loading", None) is not None and cache.loading.any() else 0.0
         h_fixed = float(self.host_cost[counts[host]].sum())
-        layer_s = layer_times(sets, d, h, x, self.serial, h_fixed) + sets @ charge + (loads > 0) * inflight
+        layer_s = layer_times(sets, d, h, x, self.serial, h_fixed, self.device_call) + sets @ charge + (loads > 0) * inflight
         # a load needs a slot: a free one, or a resident expert this layer does not use
         evictable = cache.resident.copy()
         evictable[layer, active] = False

@@ -27,14 +27,31 @@ def test_expert_bytes_and_copies():
 
 def test_device_and_host_expert_time_roofline():
     cm = CostModel(PROFILE, QWEN)
-    # 1 token: bandwidth-bound (9.437184e-6 s vs 9.4e-8 s of compute) + 4 launches of 5 us
-    assert cm.device_expert_s(1) == approx(9.437184e-6 + 2e-5)
+    # 1 token: bandwidth-bound (9.437184e-6 s vs 9.4e-8 s of compute); a GPU's grouped call launches nothing per expert
+    assert cm.device_expert_s(1) == approx(9.437184e-6)
     # 2000 tokens: compute-bound, 2 x 4,718,592 x 2000 / 1e14
-    assert cm.device_expert_s(2000) == approx(1.8874368e-4 + 2e-5)
-    # host: 1 token bandwidth-bound at 1e11 B/s; 100 tokens compute-bound at 1e12 FLOP/s; 4 ops of 10 us
-    assert cm.host_expert_s(1) == approx(9.437184e-5 + 4e-5)
-    assert cm.host_expert_s(100) == approx(9.437184e-4 + 4e-5)
+    assert cm.device_expert_s(2000) == approx(1.8874368e-4)
+    # host: 1 token bandwidth-bound at 1e11 B/s; 100 tokens compute-bound at 1e12 FLOP/s; the loop's 2 matmuls of 10 us
+    assert cm.host_expert_s(1) == approx(9.437184e-5 + 2e-5)
+    assert cm.host_expert_s(100) == approx(9.437184e-4 + 2e-5)
     assert cm.device_expert_s(np.array([0, 1])).tolist()[0] == 0.0
+
+
+def test_each_side_pays_its_call_once_per_layer():
+    cm = CostModel(PROFILE, QWEN)
+    # device: offsets copy, 2 grouped matmuls, act, mul = 5 launches of 5 us; host: act, mul, 2 cats = 4 ops of 10 us
+    assert cm.device_call_s() == approx(25e-6)
+    assert cm.host_call_s() == approx(40e-6)
+    # the engine's own software, when a calibrated profile measured it, adds to each
+    eng = HardwareProfile(**{**PROFILE.__dict__, "device_call_overhead": 1e-6, "host_call_overhead": 2e-6,
+                             "copy_overhead": 3e-6})
+    cm = CostModel(eng, QWEN)
+    assert cm.device_call_s() == approx(26e-6) and cm.host_call_s() == approx(42e-6)
+    assert cm.load_s() == approx(1e-5 + 9_437_184 / 1e9 + 3e-6)
+    # a CPU "device" loops like the host: 2 ops per expert and 4 per call (at the device's operator cost, which a
+    # calibrated CPU profile sets to the host's)
+    cpu = CostModel(HardwareProfile(**{**PROFILE.__dict__, "device_is_host": True}), QWEN)
+    assert cpu.device_expert_s(1) == approx(9.437184e-6 + 1e-5) and cpu.device_call_s() == approx(20e-6)
 
 
 def test_hidden_transfer_attention_and_draft():
@@ -42,9 +59,10 @@ def test_hidden_transfer_attention_and_draft():
     # 9 tokens x 2048 x 2 bytes each way, plus a latency each way
     assert cm.hidden_transfer_s(9) == approx(2 * (1e-5 + 9 * 2048 * 2 / 1e9))
     # attention of 1 token, empty context: q/k/v/o 2048 x (2x4096 + 2x512) + router 2048 x 128 params in
-    # bf16, the new token's K/V (2 x 4 heads x 128 x 2 B) read back; bandwidth-bound; 16 launches
+    # bf16, the new token's K/V (2 x 4 heads x 128 x 2 B) read back; bandwidth-bound; 16 launches + 6 that
+    # dispatch and merge the routed rows
     nbytes = (2048 * 9216 + 2048 * 128) * 2 + 2 * 4 * 128 * 2
-    assert cm.attention_s(1, 0) == approx(nbytes / 1e12 + 16 * 5e-6)
+    assert cm.attention_s(1, 0) == approx(nbytes / 1e12 + 22 * 5e-6)
     # draft token: 36 layers of (2560 x 10240 attention + 3 x 2560 x 9728 FFN) fp8 weights + K/V of one
     # token (2 x 8 x 128 x 2 B), 20 launches each; then the LM head 151936 x 2560 fp8, 2 launches
     layer = (2560 * 10240 + 3 * 2560 * 9728 + 2 * 8 * 128 * 2) / 1e12 + 20 * 5e-6
@@ -75,7 +93,8 @@ def test_timing_tracks_context_and_draft_catch_up():
     t = cm.timing(w)
     assert t.attention.tolist() == [cm.attention_s(3, 0), cm.attention_s(2, 3), cm.attention_s(2, 5)]
     assert t.draft.tolist() == [0.0, cm.draft_forward_s(4, 0), cm.draft_forward_s(1, 5)]
-    assert t.hidden.tolist() == [cm.hidden_transfer_s(3), cm.hidden_transfer_s(2), cm.hidden_transfer_s(2)]
+    assert t.hidden.tolist() == [cm.hidden_transfer_s(n) + cm.host_call_s() for n in (3, 2, 2)]
+    assert t.device_call == cm.device_call_s()
     assert t.device_by_count.tolist() == cm.device_expert_s(np.arange(4)).tolist()  # counts up to 3
     assert t.load == cm.load_s() and t.expert_bytes == cm.expert_bytes
 

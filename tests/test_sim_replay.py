@@ -176,14 +176,17 @@ def test_on_demand_load_waits_for_inflight_copy_then_goes_first(capacity, refuse
         assert r.link_busy_s == 9.0
 
 
-@pytest.mark.parametrize("serial, expected", [(False, [4.5, 6.5]), (True, [5.5, 6.5])])
-def test_plan_host_split_concurrent_and_serial(serial, expected):
+@pytest.mark.parametrize("serial, device_call, expected", [(False, 0.0, [4.5, 6.5]), (True, 0.0, [5.5, 6.5]),
+                                                          (False, 4.0, [5.0, 6.5]), (True, 4.0, [9.5, 6.5])])
+def test_plan_host_split_concurrent_and_serial(serial, device_call, expected):
     # one prefill step of 3 tokens, top-1: L0 {0,1,2} one entry each, L1 {3: 3 entries}.
     # placement (0,0),(0,1); the plan sends the resident (0,1) to the host: device {0}, host {1, 2}.
     # L0: device 1, host 2+2+0.5 hidden; concurrent max = 4.5, serial sum = 5.5. L1: host 6 + 0.5 = 6.5.
+    # A device call of 4 makes L0's device side 5 (max 5, sum 9.5); L1 has no device expert, so no call.
     topo = Topology(2, 4, 1)
     w = make_workload(hand_trace(topo, [("prefill", 0, 1, [[[0], [3]], [[1], [3]], [[2], [3]]])]), toy_spec(topo))
     t = timing(1, [0], attention=0.0, other=0.0, device=(0, 1, 1, 1), host=(0, 2, 4, 6), hidden=0.5, serial=serial)
+    t.device_call = device_call
 
     class Placed(Scripted):
         def reset(self, ctx):

@@ -2,14 +2,15 @@
 
 Everything resident, no copies, no stalls, and each layer's experts split between device and host in the
 best possible way, relaxed to fractions of an expert (a linear program, so the integer optimum of any
-policy is at least this). Per layer with device times d_e, host times h_e and hidden transfer x:
+policy is at least this). Per layer with device times d_e, host times h_e, the host side's fixed x (its
+call and the hidden transfer) and the device call y:
 
-    concurrent (GPU + CPU):  min( sum d,  min_f max(sum f_e d_e, sum (1-f_e) h_e + x) )
-    serial (device = CPU):   min( sum d,  x + sum min(d_e, h_e) )
+    concurrent (GPU + CPU):  min( y + sum d,  sum h + x,  min_f max(y + sum f_e d_e, sum (1-f_e) h_e + x) )
+    serial (device = CPU):   min( y + sum d,  sum h + x,  x + y + sum min(d_e, h_e) )
 
-The first term is "all on the device" (no host work, no transfer); the fractional split is solved by
-sorting experts by d_e / h_e (fractional knapsack). Draft, attention and the rest of the forward are the
-same for every policy, so step time = draft + L * attention + other + sum over layers of the above.
+The first terms are "all on the device" and "all on the host"; the fractional split is solved by sorting
+experts by d_e / h_e (fractional knapsack). Draft, attention and the rest of the forward are the same for
+every policy, so step time = draft + L * attention + other + sum over layers of the above.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ from moespac.sim.replay import throughput
 from moespac.sim.workload import Workload
 
 
-def layer_lower_bound(d: np.ndarray, h: np.ndarray, x: np.ndarray, serial: bool) -> np.ndarray:
-    """Lower bound of one layer's expert time; d, h [R, E] (0 for inactive experts), x [R]."""
-    d_all = d.sum(1)
+def layer_lower_bound(d: np.ndarray, h: np.ndarray, x: np.ndarray, serial: bool, y: float = 0.0) -> np.ndarray:
+    """Lower bound of one layer's expert time; d, h [R, E] (0 for inactive experts), x [R], y the device call."""
+    active = (d > 0) | (h > 0)
+    d_all = d.sum(1) + y * active.any(1)
+    h_all = h.sum(1) + x * active.any(1)
     if serial:
-        return np.minimum(d_all, x + np.minimum(d, h).sum(1))
+        return np.minimum(np.minimum(d_all, h_all), x + y + np.minimum(d, h).sum(1))
     ratio = np.where(h > 0, d / np.where(h > 0, h, 1.0), np.inf)
     order = np.argsort(ratio, axis=1, kind="stable")
     ds, hs = np.take_along_axis(d, order, 1), np.take_along_axis(h, order, 1)
     zero = np.zeros((len(d), 1))
-    dev = np.concatenate([zero, np.cumsum(ds, 1)], 1)  # device load with the first k on the device
+    dev = np.concatenate([zero, np.cumsum(ds, 1)], 1) + y  # device load with the first k on the device
     host = h.sum(1, keepdims=True) - np.concatenate([zero, np.cumsum(hs, 1)], 1) + x[:, None]
     gap = dev - host  # increasing in k
     k = np.argmax(gap >= 0, axis=1)  # first k where the device load catches up
@@ -40,7 +43,7 @@ def layer_lower_bound(d: np.ndarray, h: np.ndarray, x: np.ndarray, serial: bool)
     dj, hj = ds[rows, j], hs[rows, j]
     f = (host[rows, j] - dev[rows, j]) / np.where(dj + hj > 0, dj + hj, 1.0)
     lp = np.where(crosses, dev[rows, j] + f * dj, np.where((gap >= 0).any(1), host[:, 0], x))
-    return np.minimum(d_all, lp)
+    return np.minimum(np.minimum(d_all, h_all), lp)
 
 
 def infinite_cache_steps(workload: Workload, timing: Timing) -> np.ndarray:
@@ -50,7 +53,7 @@ def infinite_cache_steps(workload: Workload, timing: Timing) -> np.ndarray:
     for idx in workload.requests() or []:  # a request at a time keeps memory at [S_r * L, E]
         c = workload.counts[idx].reshape(len(idx) * L, -1)
         x = np.repeat(timing.hidden[idx], L)
-        lb = layer_lower_bound(timing.device_s(c), timing.host_s(c), x, timing.serial)
+        lb = layer_lower_bound(timing.device_s(c), timing.host_s(c), x, timing.serial, timing.device_call)
         out[idx] += lb.reshape(len(idx), L).sum(1)
     return out
 

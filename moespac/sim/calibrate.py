@@ -198,53 +198,117 @@ def _forward_time(model, tokens: int, repeats: int, cuda: bool, prefix: int = 32
         return _Clock(cuda).time(step, repeats, inner=10)
 
 
+SPLITS = {"host": 0.0, "device": 1.0, "split": 0.5}
+"""Cache ratios of the three target runs: every expert on the host, every one on the device, a seeded half each."""
+
+
 def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool, gamma: int = 8) -> dict:
     """Framework overheads of our eager engine: forwards of the micro models (the engine's architectures,
     random weights) with 1 and 3 layers; the slope is per layer, the intercept per forward. The cost
     model's kernel time for the same shapes (with the hardware just measured) is taken off, so what is
-    left is software: dense layers from the draft (1 token), the hybrid MoE layer from the target run by
-    HybridRuntime with every expert on the host (gamma + 1 tokens)."""
+    left is software: dense layers from the draft (1 token); the hybrid MoE layer from the target (gamma + 1
+    tokens, 32 experts top-4, sparse like the engine's real layers) run three times by HybridRuntime with a
+    seeded split and no copies (SPLITS). With R the per-layer residual of each run, the layer's common part
+    is R_host + R_device - R_split, the device call's R_split - R_host and the host call's R_split - R_device
+    (each side's call is paid only when it has experts). A copy's software cost is the store's copy of one of
+    the target's experts less the link's time for its bytes."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from moespac.engine.session import EngineConfig, EngineSession
     from moespac.models.micro import draft_config, target_config
     from moespac.models.registry import spec_from_config
-    from moespac.sim.cost import CostModel
+    from moespac.numerics import RandomSplit
+    from moespac.sim.cost import CostModel, expert_wall
 
-    bare = dataclasses.replace(profile, layer_overhead=0.0, moe_layer_overhead=0.0, forward_overhead=0.0)
+    bare = dataclasses.replace(profile, layer_overhead=0.0, moe_layer_overhead=0.0, forward_overhead=0.0,
+                               device_call_overhead=0.0, host_call_overhead=0.0, copy_overhead=0.0)
     device = "cuda" if cuda else "cpu"
     n, prefix = gamma + 1, 32
-    draft_s, draft_model_s, target_s, target_model_s = {}, {}, {}, {}
+    draft_s, draft_model_s = {}, {}
+    target_s = {m: {} for m in SPLITS}
+    target_model_s = {m: {} for m in SPLITS}
+    copy = {}
     for layers in (1, 3):
         torch.manual_seed(0)
-        dcfg, tcfg = draft_config(320, num_hidden_layers=layers), target_config("qwen3_moe", 320, num_hidden_layers=layers)
+        dcfg = draft_config(320, num_hidden_layers=layers)
+        tcfg = target_config("qwen3_moe", 320, num_hidden_layers=layers, num_experts=32, num_experts_per_tok=4)
         draft = AutoModelForCausalLM.from_config(dcfg).eval().to(device)
-        target = AutoModelForCausalLM.from_config(tcfg).eval()
         dspec, tspec = spec_from_config(dcfg, "micro-draft"), spec_from_config(tcfg, "micro-target")
         cm = CostModel(bare, tspec, dspec, expert_dtype="fp32")
         draft_s[layers] = _forward_time(draft, 1, repeats, cuda, prefix)
         draft_model_s[layers] = float(cm.draft_forward_s(1, prefix))
-        session = EngineSession(target, None, None, EngineConfig(target="micro", policy="all-host", cache_ratio=0.0,
-                                                                 copy_mode="sync"), device=device)
-        runtime = session.runtime
-        runtime.start_request(gamma=gamma)
-        before = {}
-        target_s[layers] = _forward_time(target, n, repeats, cuda, prefix,
-                                         ready=lambda: before.update(host=runtime.cache.counters.host))
-        host = runtime.cache.counters.host - before["host"]
-        session.close()
-        active = host / ((1 + 10 * repeats) * layers)  # experts per layer and forward (all on the host)
-        per_expert = n * tspec.top_k / max(active, 1)
-        experts = active * float(cm.host_expert_s(per_expert)) + float(cm.hidden_transfer_s(n))
-        target_model_s[layers] = layers * (float(cm.attention_s(n, prefix)) + experts) + float(cm.other_s(n, prefix))
+        for mode, ratio in SPLITS.items():
+            target = AutoModelForCausalLM.from_config(tcfg).eval()
+            session = EngineSession(target, None, None, EngineConfig(target="micro", policy="lru", cache_ratio=ratio,
+                                                                     copy_mode="sync"), device=device)
+            runtime = session.runtime
+            runtime.reconfigure(runtime.config, RandomSplit())
+            runtime.start_request(gamma=gamma)
+            before = {}
+            c = runtime.cache.counters
+            target_s[mode][layers] = _forward_time(target, n, repeats, cuda, prefix,
+                                                   ready=lambda: before.update(host=c.host, hits=c.hits, loads=c.loads))
+            if c.loads != before["loads"]:
+                raise RuntimeError(f"calibration split {mode!r} copied experts; it must not")
+            visits = (1 + 10 * repeats) * layers
+            host, hits = (c.host - before["host"]) / visits, (c.hits - before["hits"]) / visits  # experts per layer
+            per_expert = n * tspec.top_k / max(host + hits, 1)
+            dev = hits * float(cm.device_expert_s(per_expert)) + (cm.device_call_s() if hits else 0.0)
+            off = host * float(cm.host_expert_s(per_expert)) + (cm.host_call_s() + float(cm.hidden_transfer_s(n)) if host else 0.0)
+            experts = float(expert_wall(dev, off, bare.device_is_host))
+            target_model_s[mode][layers] = layers * (float(cm.attention_s(n, prefix)) + experts) + float(cm.other_s(n, prefix))
+            if mode == "device" and layers == 1:
+                copy = _copy_time(runtime, repeats, cuda)
+                copy["model_s"] = cm.load_s()
+            session.close()
+            if mode == "host" and layers == 1:
+                loop = _loop_time(target, draft, gamma, device)
+
     layer = (draft_s[3] - draft_s[1] - draft_model_s[3] + draft_model_s[1]) / 2
     forward = draft_s[1] - draft_model_s[1] - layer
-    moe = (target_s[3] - target_s[1] - target_model_s[3] + target_model_s[1]) / 2 - layer
-    return dict(layer_overhead=max(layer, 0.0), forward_overhead=max(forward, 0.0), moe_layer_overhead=max(moe, 0.0),
+    residual = {m: (target_s[m][3] - target_s[m][1] - target_model_s[m][3] + target_model_s[m][1]) / 2 - layer
+                for m in SPLITS}
+    common = residual["host"] + residual["device"] - residual["split"]
+    return dict(layer_overhead=max(layer, 0.0), forward_overhead=max(forward, 0.0), moe_layer_overhead=max(common, 0.0),
+                device_call_overhead=max(residual["split"] - residual["host"], 0.0),
+                host_call_overhead=max(residual["split"] - residual["device"], 0.0),
+                copy_overhead=max(copy["store_s"] - copy["model_s"], 0.0), moe_layer_residual_s=residual,
+                draft_token_overhead=max(loop["draft_token_s"] - draft_s[1], 0.0),
+                step_overhead=max(loop["target_step_s"] - target_s["host"][1], 0.0), loop=loop,
                 draft_forward_s=draft_s, draft_kernels_model_s=draft_model_s, target_forward_s=target_s,
-                target_kernels_model_s=target_model_s,
-                target_forward_overhead=target_s[1] - target_model_s[1] - layer - max(moe, 0.0))
+                target_kernels_model_s=target_model_s, copy=copy)
+
+
+def _loop_time(target, draft, gamma: int, device: str, tokens: int = 96) -> dict:
+    """The speculative loop on the 1-layer micro pair (all experts on the host, sampling at temperature 0.8):
+    draft phase per drafted token and target phase per step, each with its forwards inside."""
+    from moespac.engine.session import EngineConfig, EngineSession
+    from moespac.engine.speculative import Sampling
+
+    session = EngineSession(target, draft, None, EngineConfig(target="micro", policy="all-host", cache_ratio=0.0,
+                                                              copy_mode="sync"), device=device)
+    try:
+        prompt = list(range(1, 33))
+        sampling = Sampling(temperature=0.8, seed=0)
+        session.generate([prompt], gamma=gamma, max_new_tokens=16, sampling=sampling, ignore_eos=True)  # warm-up
+        (res,), _ = session.generate([prompt], gamma=gamma, max_new_tokens=tokens, sampling=sampling, ignore_eos=True)
+    finally:
+        session.close()
+    steps = max(res.steps, 1)  # decode steps (the prefill is timed apart)
+    return dict(draft_token_s=res.draft_s / (steps * gamma), target_step_s=res.target_s / steps, steps=steps)
+
+
+def _copy_time(runtime, repeats: int, cuda: bool) -> dict:
+    """Median time of one expert copy through the runtime's own store (issue, copy, its events), waited for."""
+    store, dev = runtime.store, runtime.device
+    L, E = len(store.host), store.num_experts
+    it = iter(range(1 << 62))
+
+    def one():
+        i = next(it)
+        dev.host_wait(store.copy_in(i % L, (i // L) % E, i % store.capacity))
+    return dict(store_s=_Clock(cuda).time(one, repeats, inner=50), bytes=store.copy_bytes)
 
 
 def _host_memory_bytes() -> float:
@@ -301,12 +365,21 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), name: str | None = N
     if cfg.engine_overheads:
         eng = measure_engine_overheads(profile, cfg.repeats, cuda)
         micro = "micro models (moespac.models.micro) with 1 and 3 layers, minus the cost model's kernel time"
+        splits = "HybridRuntime MoE layer run all-host, all-device and half-half"
         src.update(layer_overhead=f"measured: dense decoder layer of the {micro}",
-                   moe_layer_overhead=f"measured: HybridRuntime MoE layer (all experts on the host) of the {micro}, "
-                                      "minus layer_overhead",
+                   moe_layer_overhead=f"measured: {splits} (no copies) of the {micro}, minus layer_overhead: the part "
+                                      "all three share",
+                   device_call_overhead=f"measured: {splits}: the half-half layer minus the all-host one",
+                   host_call_overhead=f"measured: {splits}: the half-half layer minus the all-device one",
+                   copy_overhead="measured: one expert copy through the runtime's ExpertStore, waited for, minus the "
+                                 "link's latency and bytes",
+                   draft_token_overhead="measured: the engine's speculative loop on the 1-layer micro pair (gamma 8, "
+                                        "temperature 0.8), draft phase per drafted token minus one draft forward",
+                   step_overhead="measured: the same loop, target phase per step minus one target forward",
                    forward_overhead="measured: one-token forward of the micro draft, minus its layers and kernels")
-        profile = dataclasses.replace(profile, layer_overhead=eng["layer_overhead"], sources=src,
-                                      moe_layer_overhead=eng["moe_layer_overhead"], forward_overhead=eng["forward_overhead"])
+        profile = dataclasses.replace(profile, sources=src, **{k: eng[k] for k in (
+            "layer_overhead", "moe_layer_overhead", "forward_overhead", "device_call_overhead", "host_call_overhead",
+            "copy_overhead", "draft_token_overhead", "step_overhead")})
         measurements["engine"] = eng
     return profile, _plain(measurements)
 

@@ -2,7 +2,14 @@
 
 Every kernel is priced as max(bytes / bandwidth, flops / peak) + launches x overhead: a roofline with
 a fixed cost per operator. Nothing here is fitted to the paper; the only constants are structural
-counts (operators per expert, per layer) and the activation width, each explained where defined.
+counts (operators per call, per expert, per layer) and the activation width, each explained where defined.
+
+The structure is this engine's (moespac/engine/hybrid.py): per MoE layer one device call and one host call,
+each with a fixed cost paid only when it has experts, overlapped on a GPU and one after the other when the
+device is the CPU. Every policy is priced on that one substrate, so a row named after another system is its
+placement and copies on this engine. Where a native engine differs: llama.cpp runs a layer's CPU experts as
+one ggml mul_mat_id per projection (no per-expert operator), its copies are weight-buffer uploads issued by
+the scheduler rather than by Python, and its sampling loop is C++ (no draft_token / step software cost).
 """
 
 from __future__ import annotations
@@ -15,9 +22,23 @@ from moespac.models.registry import BYTES_PER_PARAM, ModelSpec
 from moespac.policy import UnitCosts
 from moespac.sim.profile import HardwareProfile
 
-# moespac.engine.kernels.expert_ffn runs 4 operators: linear(gate_up), act, mul, linear(down)
-# (chunk is a view). The same count prices a dense FFN block.
+# moespac.engine.kernels.expert_ffn runs 4 operators: linear(gate_up), act, mul, linear(down) (chunk is a
+# view). Calibration divides a tiny expert's time by it; the same count prices a dense FFN block.
 OPS_PER_EXPERT = 4
+# The hybrid layer (moespac.engine.hybrid) runs a layer's device experts as one call over the slot pool and
+# its host experts as one call over the host weights (moespac.engine.kernels.grouped_experts):
+GROUPED_CALL_OPS = 5
+"""A grouped call (a GPU's device experts): offsets to the device, two grouped matmuls, the gate (act, mul);
+no operator per expert."""
+LOOP_CALL_OPS = 4
+"""A sparse call on a CPU (host experts; device experts when the device is the CPU) loops over its active
+experts: the gate (act, mul) and two concatenations per call ..."""
+LOOP_OPS_PER_EXPERT = 2
+"""... and one matmul per projection per active expert. (A CPU call dense enough for torch's grouped matmul
+walks every group instead, ~1 us each: close to this count at the densities where it is chosen.)"""
+ROUTED_MERGE_OPS = 6
+"""Dispatch and merge of a layer's routed rows: the order to the device, gather, concatenation, scatter,
+routing weight, sum over k."""
 # Operators of one decoder layer outside the routed experts in eager transformers (Qwen3-MoE): input
 # norm, q/k/v projections, q/k norms, rotary (2), attention, o-projection, residual add, post norm,
 # router linear, softmax, top-k, renormalise.
@@ -47,13 +68,16 @@ class Timing:
     host_by_count: np.ndarray
     """[C+1] host time of one expert given its count."""
     hidden: np.ndarray
-    """[S] hidden-state transfer of a layer that computes any expert on the host."""
+    """[S] fixed host-side time of a layer that computes any expert on the host: the host call and the
+    hidden-state transfer there and back."""
     load: float
     """One expert copied host -> device (prefetch or on-demand)."""
     expert_bytes: int
     """Bytes of one expert (what a copy moves)."""
     serial: bool = False
     """Device and host expert work run one after the other (device is the host CPU)."""
+    device_call: float = 0.0
+    """Fixed device time of a layer's device expert call (charged when any of its experts runs there)."""
 
     def device_s(self, counts: np.ndarray) -> np.ndarray:
         return self.device_by_count[counts]
@@ -83,19 +107,32 @@ class CostModel:
 
     # -- experts ---------------------------------------------------------------------------------
     def device_expert_s(self, tokens) -> np.ndarray:
-        """One routed expert on the device for `tokens` routing entries (weights streamed once)."""
+        """One routed expert on the device for `tokens` routing entries (weights streamed once), without the
+        layer's call (device_call_s): operators per expert only where the device's call loops (a CPU)."""
         n = np.asarray(tokens, dtype=np.float64)
-        return np.where(n > 0, self._device(self.expert_bytes, self.expert_flops_per_token * n, OPS_PER_EXPERT), 0.0)
+        ops = LOOP_OPS_PER_EXPERT if self.profile.device_is_host else 0
+        return np.where(n > 0, self._device(self.expert_bytes, self.expert_flops_per_token * n, ops), 0.0)
 
     def host_expert_s(self, tokens) -> np.ndarray:
-        """One routed expert on the host cores for `tokens` routing entries."""
+        """One routed expert on the host cores for `tokens` routing entries, without the layer's call."""
         n = np.asarray(tokens, dtype=np.float64)
-        return np.where(n > 0, self._host(self.expert_bytes, self.expert_flops_per_token * n, OPS_PER_EXPERT), 0.0)
+        return np.where(n > 0, self._host(self.expert_bytes, self.expert_flops_per_token * n, LOOP_OPS_PER_EXPERT), 0.0)
+
+    def device_call_s(self) -> float:
+        """Fixed time of a layer's device expert call: its operators and the engine's bookkeeping."""
+        p = self.profile
+        ops = LOOP_CALL_OPS if p.device_is_host else GROUPED_CALL_OPS
+        return ops * p.launch_overhead + p.device_call_overhead
+
+    def host_call_s(self) -> float:
+        """Fixed time of a layer's host expert call: its operators and the engine's bookkeeping."""
+        p = self.profile
+        return LOOP_CALL_OPS * p.host_op_overhead + p.host_call_overhead
 
     def load_s(self) -> float:
-        """Copy one expert host -> device: latency + bytes / link bandwidth."""
+        """Copy one expert host -> device: latency + bytes / link bandwidth + the engine's issue cost."""
         p = self.profile
-        return p.link_latency + self.expert_bytes / p.link_bandwidth
+        return p.link_latency + self.expert_bytes / p.link_bandwidth + p.copy_overhead
 
     def hidden_transfer_s(self, tokens) -> np.ndarray:
         """Hidden states to the host and expert outputs back, for a layer with host experts."""
@@ -125,7 +162,7 @@ class CostModel:
         n = np.asarray(tokens, dtype=np.float64)
         nbytes = nbytes + extra * BYTES_PER_PARAM[s.dtype]
         flops = flops + 2 * extra * n
-        ops = OPS_PER_LAYER + (OPS_PER_EXPERT if s.num_shared_experts else 0)
+        ops = OPS_PER_LAYER + ROUTED_MERGE_OPS + (OPS_PER_EXPERT if s.num_shared_experts else 0)
         p = self.profile
         return self._device(nbytes, flops, ops) + p.layer_overhead + p.moe_layer_overhead
 
@@ -189,12 +226,17 @@ class CostModel:
         catch_up = np.where(first_verify, context + 1, batch)
         draft = np.where(gamma > 0, self.draft_forward_s(catch_up, np.where(first_verify, 0, per_seq), batch)
                          + (gamma - 1).clip(0) * self.draft_forward_s(batch, per_seq, batch), 0.0)
+        # the engine's loop: sampling each drafted token, and each decode step's acceptance and rollback
+        p = self.profile
+        draft = draft + gamma * p.draft_token_overhead
+        loop = np.where(is_prefill, 0.0, p.step_overhead)
         cmax = int(workload.counts.max()) if workload.counts.size else 0
         c = np.arange(cmax + 1)
         return Timing(draft=draft, attention=self.attention_s(tokens, per_seq, batch),
-                      other=self.other_s(tokens, per_seq, batch), device_by_count=self.device_expert_s(c),
-                      host_by_count=self.host_expert_s(c), hidden=self.hidden_transfer_s(tokens),
-                      load=self.load_s(), expert_bytes=self.expert_bytes, serial=self.profile.device_is_host)
+                      other=self.other_s(tokens, per_seq, batch) + loop, device_by_count=self.device_expert_s(c),
+                      host_by_count=self.host_expert_s(c), hidden=self.hidden_transfer_s(tokens) + self.host_call_s(),
+                      load=self.load_s(), expert_bytes=self.expert_bytes, serial=self.profile.device_is_host,
+                      device_call=self.device_call_s())
 
     # -- memory ----------------------------------------------------------------------------------
     def resident_bytes(self, context: int = 4096, batch: int = 1) -> int:

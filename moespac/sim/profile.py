@@ -59,6 +59,21 @@ class HardwareProfile:
     policy calls, dispatch and merge of expert outputs)."""
     forward_overhead: float = _engine_param()
     """Optional, engine software: fixed time of one model forward (embedding, cache bookkeeping, logits)."""
+    device_call_overhead: float = _engine_param()
+    """Optional, engine software: extra time of a layer's device expert call beyond its kernels (slot events,
+    pool bookkeeping); charged when any expert of the layer runs on the device."""
+    host_call_overhead: float = _engine_param()
+    """Optional, engine software: extra time of a layer's host expert call beyond its kernels (staging its
+    rows, the wait for them, the copy back); charged when any expert of the layer runs on the host."""
+    draft_token_overhead: float = _engine_param()
+    """Optional, engine software: sampling one drafted token beyond the draft's forward (probabilities, the
+    draw, reading its id back)."""
+    step_overhead: float = _engine_param()
+    """Optional, engine software: one decode step's loop beyond its forwards (acceptance, KV rollback, the
+    runtime's step hooks)."""
+    copy_overhead: float = _engine_param()
+    """Optional, engine software: time of issuing one expert copy beyond the link's (slot reservation, the
+    store's copy call, its events); every copy, prefetch or on-demand, pays it."""
     device_is_host: bool = False
     """True when the "device" is the host CPU itself (calibrated on a CPU-only machine): device and host
     expert work then run one after the other on the same cores, and hidden states need no transfer."""

@@ -3,8 +3,9 @@
 Per step (prefill, verify or AR forward), as moespac/engine drives it:
   begin_step -> draft phase (gamma draft forwards; the link keeps copying meanwhile) -> for each MoE layer:
   attention; drop the layer's queued prefetches; wait for an in-flight copy of the layer; plan_layer;
-  blocking on-demand loads; device and host experts concurrently (layer expert time =
-  max(device, host + hidden transfer), or their sum when the device is the host CPU); end_layer
+  blocking on-demand loads; device and host experts concurrently, each side as one call with a fixed
+  cost (layer expert time = max(device call + device experts, host call + hidden transfer + host experts),
+  or their sum when the device is the host CPU); end_layer
   -> the rest of the forward (dense layers, LM head) -> end_step.
 The same Policy objects, ExpertCache and PrefetchQueue as the engine are used; only time is simulated.
 
@@ -88,6 +89,8 @@ def throughput(step_total: np.ndarray, step_kind: np.ndarray, request_tokens: li
 def _layer_expert_time(timing: Timing, dev_cost, host_cost, on_device, host_mask, on_host: int, hidden_s):
     """dev_cost / host_cost: the layer's per-expert times (timing.*_by_count of its counts)."""
     dev = float(dev_cost[on_device].sum())
+    if on_device.any():  # one call for the layer's device experts
+        dev += timing.device_call
     host = float(host_cost[host_mask].sum())
     if on_host:
         host += hidden_s
@@ -131,7 +134,7 @@ class Replay:
             t = self.timing
             self.policy.bind_trace(w.counts[steps], device_by_count=t.device_by_count, host_by_count=t.host_by_count,
                                    hidden=t.hidden[steps], load=self.copy_s, serial=t.serial, attention=t.attention[steps],
-                                   other=t.other[steps], draft=t.draft[steps])
+                                   other=t.other[steps], draft=t.draft[steps], device_call=t.device_call)
         gamma = int(w.steps["step_gamma"][steps].max()) if len(steps) else 0
         signals = trace.signals() | SIM_SIGNALS | ({"warmup_counts"} if self.warmup_counts is not None else set())
         ctx = PolicyContext(w.topology, self.capacity, self.per_layer_capacity, gamma=gamma,

@@ -127,4 +127,5 @@ def random_toy_scenario(seed: int) -> tuple[Workload, Timing, int]:
     d0, d1, h0, h1 = rng.uniform(0.05, 3.0, 4)
     load, serial, capacity = float(rng.uniform(0.05, 8.0)), bool(rng.integers(0, 2)), int(rng.integers(0, L * E + 1))
     workload, timing = toy_scenario(rng, L, E, k, n_steps, requests, gamma, d0, d1, h0, h1, load, serial)
+    timing.device_call = float(rng.uniform(0.0, 1.0))  # drawn last: the draws above keep their values
     return workload, timing, capacity
