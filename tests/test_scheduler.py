@@ -506,4 +506,4 @@ def test_microbench_command_prints_measured_rows(capsys):
 
     assert main(["microbench", "scheduler", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert out.count("timing: measured") == 5 and "0.063 ms/step" in out and "30720 B" in out
+    assert out.count("timing: measured") == 7 and "0.063 ms/step" in out and "4.31 ns/layer" in out and "30720 B" in out

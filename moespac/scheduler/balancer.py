@@ -14,13 +14,129 @@ is tau = K, the threshold that asks for the fewest copies [inferred; the paper g
 r_c and r_g are learned online per layer by replaying each step's activations against the utilities
 the step started with (what tau would have put on the device): plain means for `warmup_steps` steps,
 then a moving average with weight `rate_decay` [inferred from "learned from a warm up test", App C.1].
+
+Both run every step, so they are compiled loops (numba): `observe` collects the step's shares (`_shares`)
+and then does the warm-up arithmetic (`_learn`, what the paper's 4.31 ns per layer times); the float64
+operations are numpy's, in numpy's order, so the decisions equal the numpy formulation's exactly.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from moespac.policy import UnitCosts
+
+
+@njit(cache=True, nogil=True)
+def _shares(counts, u, K, r_cpu, r_gpu, total, b):
+    """Per layer: the share of its (token, expert) pairs whose expert had u < tau (left to the host) and the
+    share of its distinct active experts with u >= tau (on the device), tau = 1..K; its pairs and distinct
+    experts. counts int [L, E] of one step; u [L, E] the utilities the step started with."""
+    L, E = counts.shape
+    pairs = np.zeros(K + 1)
+    active = np.zeros(K + 1)
+    for layer in range(L):
+        pairs[:] = 0.0
+        active[:] = 0.0
+        for e in range(E):
+            c = counts[layer, e]
+            if c > 0:
+                pairs[u[layer, e]] += c
+                active[u[layer, e]] += 1.0
+        t, n = pairs.sum(), active.sum()
+        total[layer], b[layer] = t, n
+        hot_pairs, hot_active = 0.0, 0.0
+        for tau in range(K, 0, -1):  # totals over v >= tau
+            hot_pairs += pairs[tau]
+            hot_active += active[tau]
+            r_cpu[layer, tau - 1] = 1 - hot_pairs / max(t, 1.0)
+            r_gpu[layer, tau - 1] = hot_active / max(n, 1.0)
+
+
+@njit(cache=True, nogil=True)
+def _learn(r_cpu, r_gpu, new_cpu, new_gpu, total, b, distinct, seen, warmup_steps, rate_decay):
+    """The warm-up arithmetic: plain means for the first warmup_steps steps a layer saw, then a moving average;
+    a layer that saw nothing learns nothing."""
+    L, K = r_cpu.shape
+    for layer in range(L):
+        if total[layer] == 0:
+            continue
+        w = 1.0 / (seen[layer] + 1) if seen[layer] < warmup_steps else rate_decay
+        for j in range(K):
+            r_cpu[layer, j] += w * (new_cpu[layer, j] - r_cpu[layer, j])
+            r_gpu[layer, j] += w * (new_gpu[layer, j] - r_gpu[layer, j])
+        distinct[layer] = b[layer]
+        seen[layer] += 1
+
+
+@njit(cache=True, nogil=True)
+def _solve(u, resident, evictable, free, tau_now, r_cpu, r_gpu, distinct, seen, cpu_unit, gpu_unit, t_layer, t_io,
+           draft_share, global_scope, warmup_steps, warmup_tau, tau_out):
+    """tau per layer into tau_out (see the module docstring); free int [L] slots; tau_now the thresholds held
+    now. Layers still warming up take warmup_tau (all of them in global scope while any warms). Returns the
+    decisions that fell back to K (warming layers not counted)."""
+    L, E = u.shape
+    K = r_cpu.shape[1]
+    n = np.zeros((L, K), np.int64)  # absent experts with u >= tau
+    ev = np.zeros((L, K), np.int64)  # own evictable residents with u < tau
+    for layer in range(L):
+        for tau in range(1, K + 1):  # comparisons, not a histogram: they vectorise
+            absent, cold = 0, 0
+            for e in range(E):
+                v = u[layer, e]
+                absent += (not resident[layer, e]) and v >= tau
+                cold += evictable[layer, e] and v < tau
+            n[layer, tau - 1], ev[layer, tau - 1] = absent, cold
+    cold_total = 0
+    if not global_scope:
+        for layer in range(L):
+            cold_total += ev[layer, tau_now[layer] - 1]
+    gaps = np.empty((L, K))
+    feasible = np.empty((L, K), np.bool_)
+    for layer in range(L):
+        for j in range(K):
+            if global_scope:  # every layer evicts below the same tau
+                slack = free[layer]
+                for other in range(L):
+                    slack += ev[other, j]
+            else:  # other layers give up what is below the thresholds they hold now
+                slack = ev[layer, j] + (cold_total - ev[layer, tau_now[layer] - 1]) + free[layer]
+            t_cpu = r_cpu[layer, j] * cpu_unit
+            t_gpu = r_gpu[layer, j] * (distinct[layer] * gpu_unit)
+            budget = max(t_cpu, t_gpu)
+            budget += t_layer
+            budget += draft_share
+            ok = t_io * n[layer, j] <= budget and n[layer, j] <= slack
+            feasible[layer, j] = ok
+            gaps[layer, j] = abs(t_cpu - t_gpu) if ok else np.inf
+    fallbacks = 0
+    if global_scope:
+        best, best_gap, any_ok, warming = 0, np.inf, False, False
+        for j in range(K):
+            g, ok = 0.0, True
+            for layer in range(L):
+                g += gaps[layer, j]
+                ok = ok and feasible[layer, j]
+            if g < best_gap:  # ties: the smaller tau
+                best, best_gap = j, g
+            any_ok = any_ok or ok
+        for layer in range(L):
+            warming = warming or seen[layer] < warmup_steps
+        for layer in range(L):
+            tau_out[layer] = warmup_tau if warming else (K if not any_ok else best + 1)
+            fallbacks += (not any_ok) and not warming
+        return fallbacks
+    for layer in range(L):
+        best, best_gap, any_ok = 0, gaps[layer, 0], feasible[layer, 0]
+        for j in range(1, K):
+            if gaps[layer, j] < best_gap:
+                best, best_gap = j, gaps[layer, j]
+            any_ok = any_ok or feasible[layer, j]
+        warming = seen[layer] < warmup_steps
+        tau_out[layer] = warmup_tau if warming else (K if not any_ok else best + 1)
+        fallbacks += (not any_ok) and not warming
+    return fallbacks
 
 
 class WorkloadBalancer:
@@ -36,42 +152,24 @@ class WorkloadBalancer:
         self.seen = np.zeros(num_layers, dtype=np.int64)
         self.tau = np.full(num_layers, warmup_tau, dtype=np.int64)
         self.infeasible = 0  # (layer, step) decisions that fell back to K
-        # histogram index of (layer, group 0, u 0), in the narrowest signed dtype that holds every index:
-        # numpy calls on small same-dtype arrays cost less than on int64 with a cast per call
-        bins = 3 * (K + 1)
-        self._dtype = np.min_scalar_type(-num_layers * bins)
-        self._bin = (np.arange(num_layers) * bins).astype(self._dtype)[:, None]
-        self._rows = np.arange(num_layers)
-        self._taus = np.arange(1, K + 1)
-
-    def _hist(self, u: np.ndarray, resident=None, evictable=None, weights=None) -> np.ndarray:
-        """hist[l, g, v] = sum of weights over layer l's experts with utility v in group g: 0 absent,
-        1 resident (or loading) and kept, 2 evictable (a subset of resident)."""
-        if resident is None:
-            idx = np.add(self._bin, u, dtype=self._dtype)
-        else:
-            idx = np.add(resident, evictable, dtype=self._dtype)  # group
-            idx *= self._dtype.type(self.K + 1)
-            idx += self._bin
-            idx += u
-        h = np.bincount(idx.ravel(), None if weights is None else weights.ravel(), minlength=self.L * 3 * (self.K + 1))
-        return h.reshape(self.L, 3, self.K + 1)
+        # scratch of one step's shares (what `observe` learns from)
+        self._new = np.zeros((2, num_layers, K))
+        self._total, self._b = np.zeros(num_layers), np.zeros(num_layers)
+        self._free = np.zeros(num_layers, dtype=np.int64)
 
     def observe(self, counts: np.ndarray, u_before: np.ndarray) -> None:
         """Learn from one step: counts [L, E] activations, u_before [L, E] utilities the step started with."""
-        # one histogram carries both sums: activation pairs below 2**32, distinct experts above (exact in float64)
-        packed = self._hist(u_before, weights=counts + (counts > 0) * 2.0**32)[:, 0]
-        active, pairs = np.divmod(packed, 2.0**32)
-        total, b = pairs.sum(1), active.sum(1)
-        hot_pairs = _at_least(pairs)  # pairs whose expert has u >= tau, tau = 1..K
-        r_cpu = 1 - hot_pairs / np.maximum(total, 1)[:, None]
-        r_gpu = _at_least(active) / np.maximum(b, 1)[:, None]
-        w = np.where(self.seen < self.warmup_steps, 1.0 / (self.seen + 1), self.rate_decay)
-        w[total == 0] = 0  # a layer that saw nothing learns nothing
-        self.r_cpu += w[:, None] * (r_cpu - self.r_cpu)
-        self.r_gpu += w[:, None] * (r_gpu - self.r_gpu)
-        self.distinct = np.where(total > 0, b, self.distinct)
-        self.seen += total > 0
+        self.collect(counts, u_before)
+        self.learn()
+
+    def collect(self, counts: np.ndarray, u_before: np.ndarray) -> None:
+        """The step's shares, kept for `learn` (the measurements the warm-up arithmetic takes)."""
+        _shares(np.asarray(counts), np.asarray(u_before), self.K, self._new[0], self._new[1], self._total, self._b)
+
+    def learn(self) -> None:
+        """The warm-up arithmetic over the shares `collect` kept."""
+        _learn(self.r_cpu, self.r_gpu, self._new[0], self._new[1], self._total, self._b, self.distinct, self.seen,
+               self.warmup_steps, self.rate_decay)
 
     def costs_per_tau(self, tokens: float) -> tuple[np.ndarray, np.ndarray]:
         """T_cpu and T_gpu, [L, K], for a step with `tokens` tokens in the CPU term."""
@@ -88,38 +186,12 @@ class WorkloadBalancer:
         give up (a subset of resident: not frozen; all False when eviction is off); free_slots: int or
         int [L].
         """
-        K, c = self.K, self.costs
-        below = np.add.accumulate(self._hist(u, resident, evictable), 2)  # [L, group, v]: experts with u <= v
-        n = below[:, 0, K:] - below[:, 0, :K]  # [L, K] absent experts with u >= tau: the copies tau asks for
-        ev = below[:, 2, :K]  # own layer's evictables with u < tau
-        free = np.asarray(free_slots)[..., None]
-        if self.scope == "global":  # every layer evicts below the same tau
-            slack = free + ev.sum(0)
-        else:  # other layers give up what is below the thresholds they hold now
-            cold_now = ev[self._rows, self.tau - 1]
-            slack = ev + (cold_now.sum() - cold_now)[:, None]
-            slack += free
-        t_cpu, t_gpu = self.costs_per_tau(tokens)
-        budget = np.maximum(t_cpu, t_gpu)
-        budget += c.t_layer  # t_layer + max(...): the same float sum either way round
-        budget += gamma * c.t_draft / self.L
-        feasible = c.t_io * n <= budget
-        feasible &= n <= slack
-        gap = np.where(feasible, np.abs(t_cpu - t_gpu), np.inf)
-        if self.scope == "global":
-            feasible, gap = feasible.all(0, keepdims=True), gap.sum(0, keepdims=True)
-        tau = self._taus[np.argmin(gap, 1)]  # ties: the smaller tau
-        none = ~np.logical_or.reduce(feasible, axis=1)
-        tau[none] = K
-        warming = self.seen < self.warmup_steps
-        if self.scope == "global":
-            tau, none, warming = np.repeat(tau, self.L), np.repeat(none, self.L), np.repeat(warming.any(), self.L)
-        tau[warming] = self.warmup_tau
-        self.infeasible += int(np.count_nonzero(none > warming))  # none & ~warming
+        c = self.costs
+        self._free[:] = free_slots
+        tau = np.empty(self.L, dtype=np.int64)
+        self.infeasible += _solve(u, resident, evictable, self._free, self.tau, self.r_cpu, self.r_gpu, self.distinct,
+                                  self.seen, tokens * self.top_k * c.t_cpu, c.t_gpu, c.t_layer, c.t_io,
+                                  gamma * c.t_draft / self.L, self.scope == "global", self.warmup_steps,
+                                  self.warmup_tau, tau)
         self.tau = tau
         return tau
-
-
-def _at_least(hist: np.ndarray) -> np.ndarray:
-    """From hist[l, v] over utility levels v = 0..K: totals over v >= tau for tau = 1..K ([L, K])."""
-    return np.cumsum(hist[:, ::-1], 1)[:, ::-1][:, 1:]

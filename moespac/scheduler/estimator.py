@@ -17,11 +17,16 @@ State: u as uint8 and each boundary as uint16 fixed point in units of 1/SCALE (t
 1/128), 30 KB for 48 x 128 experts (the paper reports "approximately 30 KB"). Fixed point makes the
 comparisons exact (delta * SCALE + offset > q) and avoids float16, whose conversions cost more than the
 update itself; each calibration step computes in float32 and rounds to the nearest 1/SCALE (half to even).
+
+Speed: the policy updates one layer at a time, 48 times a step, so the cost is the call, not the arithmetic:
+the transition and the calibration are compiled loops (numba, cached on disk), with the float32 operations
+in numpy's order (no fused multiply-add), so the states equal the numpy formulation's bit for bit.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from moespac.scheduler.config import MoESpAcConfig
 
@@ -35,22 +40,83 @@ def to_fixed(theta) -> np.ndarray:
     return np.clip(np.rint(np.asarray(theta, dtype=np.float64) * SCALE), 1, _QMAX).astype(np.uint16)
 
 
+@njit(cache=True, nogil=True)
+def _transition(u, delta, f, bounds, top, first, last):
+    """Layers first..last-1: delta = f - u (float32, exact), then up one level if delta > bounds[0], else down
+    one if delta < bounds[1] (the code checks "up" first); u stays within 0..top."""
+    for layer in range(first, last):
+        row = f[layer - first]
+        for e in range(u.shape[1]):
+            d = np.float32(row[e]) - np.float32(u[layer, e])
+            delta[layer, e] = d
+            v = u[layer, e]
+            if d > bounds[0, layer, e]:
+                if v < top:
+                    v += 1
+            elif d < bounds[1, layer, e] and v > 0:
+                v -= 1
+            u[layer, e] = v
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _moved(q, target, lam, q_floor, qmax):
+    """One boundary moved toward its target: q + lam * (target - q), rounded half to even, within
+    [q_floor, qmax] (the floor only matters above 1/SCALE; the target itself is >= SCALE)."""
+    qf = np.float32(q)
+    w = lam if target > 0 else np.float32(0.0)
+    new = np.rint((target - qf) * w + qf)
+    if q_floor > 128 and new < q_floor:
+        new = q_floor
+    if new > qmax:
+        new = qmax
+    return new
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _set_bounds(bounds, q, layer, x, new_up, new_down, offset):
+    q[0, layer, x] = np.uint16(new_up)
+    q[1, layer, x] = np.uint16(new_down)
+    inv = np.float32(1.0 / 128)
+    bounds[0, layer, x] = np.float32(new_up - offset) * inv
+    bounds[1, layer, x] = -(np.float32(new_down - offset) * inv)
+
+
+@njit(cache=True, nogil=True)
+def _calibrate_experts(q, bounds, delta, first, last, lam, q_floor, qmax, offset):
+    """Per-expert boundaries of layers first..last-1 moved by their own fluctuation delta."""
+    scale = np.float32(128)
+    for layer in range(first, last):
+        for e in range(q.shape[2]):
+            rise = delta[layer, e] * scale
+            fall = -rise
+            _set_bounds(bounds, q, layer, e, _moved(q[0, layer, e], rise, lam, q_floor, qmax),
+                        _moved(q[1, layer, e], fall, lam, q_floor, qmax), offset)
+
+
+@njit(cache=True, nogil=True)
+def _calibrate_layers(q, bounds, target, first, last, lam, q_floor, qmax, offset):
+    """One boundary per layer moved toward target[side, layer] (the mean own-sign fluctuation of its experts)."""
+    for layer in range(first, last):
+        _set_bounds(bounds, q, layer, 0, _moved(q[0, layer, 0], target[0, layer - first], lam, q_floor, qmax),
+                    _moved(q[1, layer, 0], target[1, layer - first], lam, q_floor, qmax), offset)
+
+
 class UtilityEstimator:
     """Utilities and boundaries of all layers x experts; `update` takes one layer or all of them.
 
-    Speed: the policy calls `update` once per layer, 48 times a step, so numpy's per-call overhead is the
-    cost, not the arithmetic. A transition compares delta with float32 copies of the boundaries, kept as
-    the exact thresholds (q_up - offset) / SCALE and (offset - q_down) / SCALE. With calibrate_order=
-    'after' a layer's calibration is owed until the layer is next updated or a boundary is read; then
-    every owed layer is settled in one call. Calibration is elementwise (per layer for theta_scope=
-    'layer'), so this equals calibrating at once. Scratch beside the 5-byte state: the owed delta and
-    the two thresholds, float32.
+    A transition compares delta with float32 copies of the boundaries, kept as the exact thresholds
+    (q_up - offset) / SCALE and (offset - q_down) / SCALE. With calibrate_order='after' a layer's calibration
+    is owed until the layer is next updated or a boundary is read; then every owed layer is settled in one
+    call. Calibration is elementwise (per layer for theta_scope='layer'), so this equals calibrating at once.
+    Scratch beside the 5-byte state: the owed delta and the two thresholds, float32.
     """
 
     def __init__(self, num_layers: int, num_experts: int, K: int, theta_up: float, theta_down: float,
                  adaptive: bool = True, lam: float = 0.1, floor: float = 1.0, order: str = "after",
                  scope: str = "expert", rounding: str = "round"):
         self.K, self.adaptive, self.lam, self.order, self.scope = K, adaptive, lam, order, scope
+        self.L = num_layers
+        self._lam32 = np.float32(lam)
         # integer delta >= theta  <=>  delta * SCALE + offset > q, with theta rounded up / half up / down
         self.offset = np.float32({"none": 1, "round": SCALE // 2, "floor": SCALE}[rounding])
         self.q_floor = int(to_fixed(floor)) if floor > 0 else 1
@@ -59,9 +125,10 @@ class UtilityEstimator:
         self._q = np.empty((2,) + shape, dtype=np.uint16)  # (up, down) boundaries in 1/SCALE units
         self._q[0] = max(int(to_fixed(theta_up)), self.q_floor)
         self._q[1] = max(int(to_fixed(theta_down)), self.q_floor)
-        self._bounds = np.empty((2,) + shape, dtype=np.float32)  # up if delta > [0], down if delta < [1]
-        self._set_bounds(self._q.astype(np.float32), slice(None))
-        self._top = np.full((num_layers, num_experts), K, dtype=np.uint8)  # array, not scalar: faster
+        self._bounds = np.empty((2, num_layers, num_experts), dtype=np.float32)  # up if delta > [0], down if < [1]
+        self._bounds[...] = (self._q.astype(np.float32) - self.offset) * np.float32(1 / SCALE)
+        self._bounds[1] *= -1
+        self._top = np.uint8(K)
         self._delta = np.zeros((num_layers, num_experts), dtype=np.float32)  # f - u of the owed layers, else 0
         self._owed = [False] * num_layers  # layers whose calibration from their last update is pending
 
@@ -101,62 +168,47 @@ class UtilityEstimator:
 
     def update(self, f: np.ndarray, rows=slice(None)) -> None:
         """One step for `rows` (a layer index or a slice) given activation frequencies f (same shape)."""
-        owed = self._owed[rows]
-        if owed is True or (owed is not False and any(owed)):
+        if isinstance(rows, slice):
+            first, last, _ = rows.indices(self.L)
+            owed = any(self._owed[first:last])
+        else:
+            first, last, owed = rows, rows + 1, self._owed[rows]
+            f = f.reshape(1, -1)
+        if owed:
             self._settle()  # these layers' boundaries must move before their next transition
-        u, delta = self.u[rows], self._delta[rows]  # views: updated in place
-        np.subtract(f, u, out=delta, dtype=np.float32)  # exact in float32
-        if self.adaptive and self.order == "before":
-            self._calibrate(delta, rows)
-        elif self.adaptive:
-            self._owed[rows] = [True] * len(owed) if isinstance(rows, slice) else True
-        up = delta > self._bounds[0, rows]  # delta >= theta_up, theta rounded as `rounding` says
-        down = delta < self._bounds[1, rows]  # -delta >= theta_down
-        np.greater(down, up, out=down)  # down &= ~up: the code checks "up" first
-        u += up
-        np.minimum(u, self._top[rows], out=u)  # a rise at K stays at K
-        u -= np.minimum(u, down)  # a fall at 0 stays at 0
+        if self.adaptive and self.order == "before":  # this step's fluctuation moves the boundaries it meets
+            np.subtract(f, self.u[first:last], out=self._delta[first:last], dtype=np.float32)
+            self._calibrate(first, last)
+        _transition(self.u, self._delta, f, self._bounds, self._top, first, last)
+        if not self.adaptive:
+            return
+        if self.order == "before":
+            self._delta[first:last] = 0
+        else:
+            self._owed[first:last] = [True] * (last - first)
 
     def _settle(self) -> None:
         """Apply every owed calibration in one call (layers with nothing owed hold delta 0: no change)."""
         if any(self._owed):
-            self._calibrate(self._delta, slice(None))
+            self._calibrate(0, self.L)
             self._delta[...] = 0
-            self._owed = [False] * len(self._owed)
+            self._owed = [False] * self.L
 
-    def _calibrate(self, delta, rows) -> None:
+    def _calibrate(self, first: int, last: int) -> None:
         """Move each boundary toward the size of its own-sign fluctuations: q += lam * (|delta| - q)."""
-        q = self._q[:, rows]
-        target = np.empty((2,) + delta.shape, dtype=np.float32)  # (rise, fall) in boundary units
-        np.multiply(delta, _SCALE32, out=target[0])
-        np.negative(target[0], out=target[1])
-        if self.scope == "layer":  # one boundary per layer follows the mean fluctuation of its experts
-            moved = target > 0
-            n = moved.sum(-1, keepdims=True)
-            target = np.where(moved, target, 0).sum(-1, keepdims=True, dtype=np.float32) / np.maximum(n, 1)
-        q_float = q.astype(np.float32)
-        weight = (target > 0).astype(np.float32)  # 0 where this side did not fluctuate: q stays
-        weight *= np.float32(self.lam)
-        new = target - q_float  # float32 (float64 for the per-layer mean)
-        new *= weight
-        new += q_float
-        np.rint(new, out=new)
-        # new lies between q and target >= SCALE: only a floor above 1 or f > 511 can cross a bound
-        # (numpy's min/max against a scalar is slow, hence the check)
-        if self.q_floor > SCALE:
-            np.maximum(new, self.q_floor, out=new)
-        if new.max() > _QMAX:  # q_down's target is at most SCALE * K: only q_up can get here
-            np.minimum(new, _QMAX, out=new)
-        q[...] = new
-        self._set_bounds(new, rows)
-
-    def _set_bounds(self, q_float: np.ndarray, rows) -> None:
-        """Thresholds on delta from the boundaries: delta * SCALE + offset > q  <=>  delta > (q - offset) / SCALE
-        (exact in float32: integers below 2**17 and a power-of-two scale)."""
-        bounds = self._bounds[:, rows]
-        np.subtract(q_float, self.offset, out=bounds)
-        bounds *= np.float32(1 / SCALE)
-        np.negative(bounds[1], out=bounds[1])
+        args = (first, last, self._lam32, float(self.q_floor), float(_QMAX), self.offset)
+        if self.scope == "expert":
+            _calibrate_experts(self._q, self._bounds, self._delta, *args)
+            return
+        # one boundary per layer follows the mean own-sign fluctuation of its experts (float64, as numpy's
+        # mean of a float32 sum by an integer count is); the layer's experts share its thresholds
+        delta = self._delta[first:last] * _SCALE32
+        target = np.stack([delta, -delta])
+        moved = target > 0
+        n = moved.sum(-1)
+        target = np.where(moved, target, 0).sum(-1, dtype=np.float32) / np.maximum(n, 1)
+        _calibrate_layers(self._q, self._bounds, target, *args)
+        self._bounds[:, first:last] = self._bounds[:, first:last, :1]
 
 
 class SlidingCounts:
