@@ -277,3 +277,25 @@ def test_a_clean_clone_rebuilds_every_output(tiny_study):
              if line.startswith("paper_figs/")}
     assert "paper_figs/table6.csv" in plans and len(plans) == len(list((tiny_study / "paper_figs").iterdir()))
     assert {f for f, plan in plans.items() if plan != "update pending"} == set()
+
+
+HOSTILE = "$(touch pwned)"
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda c: c["pairs"].update(hub={"target": HOSTILE, "draft": "org/draft", "label": "x"}), "target"),
+    (lambda c: c["pairs"].update(hub={"target": "org/target", "draft": "x;touch pwned", "label": "x"}), "draft"),
+    (lambda c: c["pairs"].update(built={"build": "tiny", "build_set": ["layers=2`touch pwned`"], "label": "x"}),
+     "build_set"),
+    (lambda c: c["smoke"].update(policy=f"lru {HOSTILE}"), "policy"),
+    (lambda c: c["smoke"].update(policy="lru:seed=1;touch pwned"), "policy"),
+], ids=["pair-target", "pair-draft", "build-set", "smoke-policy", "smoke-policy-option"])
+def test_hostile_config_values_never_reach_a_shell(tmp_path, edit, key):
+    """A value that would run a command if pasted into a shell rule fails the schema before any job, naming
+    its key; nothing runs (the rules also quote every value, in case a pattern is ever widened)."""
+    r = snakemake("--cores", 1, "--configfile", bad_config(tmp_path, edit), cwd=tmp_path)
+    text = r.stdout + r.stderr
+    assert r.returncode != 0 and key in text and "pattern" in text, text[-2000:]
+    assert not (tmp_path / "pwned").exists() and not (REPO / "pwned").exists()
+    assert not (tmp_path / "results").exists()
+

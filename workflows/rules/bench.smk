@@ -25,7 +25,7 @@ rule record_trace:
         limit=get_trace_limit,
         prompts=get_prompt_args,
     shell:
-        "OMP_NUM_THREADS=1 moespac bench {params.models} --benchmark {wildcards.benchmark}"
+        "OMP_NUM_THREADS=1 moespac bench {params.models} --benchmark {wildcards.benchmark:q}"
         " --policy all-host --cache-ratio 0 --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
         " --max-new-tokens {wildcards.tokens} {params.limit} {params.prompts} --warmup 0 --no-progress"
         " --trace {output.trace} --out {output.record} > {log} 2>&1"
@@ -48,9 +48,9 @@ rule simulate_cell:
         draft=get_draft_spec_arg,
         bounds=get_bounds_flag,
     shell:
-        "moespac bench --timing simulated --from-trace {input.trace} --hardware {wildcards.hardware}"
-        " --model-spec {wildcards.spec} {params.draft} --allow-topology-mismatch --benchmark {wildcards.benchmark}"
-        " --policy '{params.policy}' --cache-ratio {wildcards.cache} {params.bounds} --no-progress --out {output}"
+        "moespac bench --timing simulated --from-trace {input.trace} --hardware {wildcards.hardware:q}"
+        " --model-spec {wildcards.spec:q} {params.draft} --allow-topology-mismatch --benchmark {wildcards.benchmark:q}"
+        " --policy {params.policy:q} --cache-ratio {wildcards.cache} {params.bounds} --no-progress --out {output}"
         " > {log} 2>&1"
 
 
@@ -76,8 +76,8 @@ rule bench_measured:
         prompts=get_prompt_args,
         warmup=ENGINE["warmup"],
     shell:
-        "OMP_NUM_THREADS={threads} moespac bench {params.models} --benchmark {wildcards.benchmark}"
-        " --policy '{params.policy}' --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
+        "OMP_NUM_THREADS={threads} moespac bench {params.models} --benchmark {wildcards.benchmark:q}"
+        " --policy {params.policy:q} --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
         " --max-new-tokens {wildcards.tokens} --cache-ratio {wildcards.cache} {params.limit} {params.prompts}"
         " --warmup {params.warmup} --no-progress --out {output} > {log} 2>&1"
 
@@ -104,7 +104,7 @@ rule bench_llamacpp:
         pair=get_pair_folder,
         run=get_llamacpp_args,
     shell:
-        "moespac wrapped llamacpp --model-pair {params.pair} --benchmark {wildcards.benchmark}"
+        "moespac wrapped llamacpp --model-pair {params.pair:q} --benchmark {wildcards.benchmark:q}"
         " --max-new-tokens {wildcards.tokens} {params.run} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -130,6 +130,6 @@ rule bench_wrapped:
         pair=get_pair_folder,
         run=get_wrapped_args,
     shell:
-        "OMP_NUM_THREADS={threads} moespac wrapped {wildcards.system} --model-pair {params.pair}"
-        " --benchmark {wildcards.benchmark} --max-new-tokens {wildcards.tokens} {params.run} --out {output}"
+        "OMP_NUM_THREADS={threads} moespac wrapped {wildcards.system:q} --model-pair {params.pair:q}"
+        " --benchmark {wildcards.benchmark:q} --max-new-tokens {wildcards.tokens} {params.run} --out {output}"
         " > {log} 2>&1"

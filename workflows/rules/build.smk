@@ -22,7 +22,7 @@ rule build_proxy_pair:
         out=get_pair_folder,
         build=get_build_args,
     shell:
-        "moespac build-proxy {params.build} --out {params.out} --force"
+        "moespac build-proxy {params.build} --out {params.out:q} --force"
         " > {log} 2>&1"
 
 
@@ -40,7 +40,7 @@ rule make_micro_pair:
         out=get_pair_folder,
         arch=get_micro_arch,
     shell:
-        "moespac make-micro --out {params.out} --arch {params.arch} > {log} 2>&1"
+        "moespac make-micro --out {params.out:q} --arch {params.arch:q} > {log} 2>&1"
 
 
 rule link_hub_pair:
@@ -58,9 +58,9 @@ rule link_hub_pair:
         draft=get_hub_draft,
     shell:
         # the hub cache holds the weights once; the pair folder links to its snapshots (for wrapped systems)
-        "(t=$(hf download {params.target} --quiet) && d=$(hf download {params.draft} --quiet)"
-        " && ln -sfn $t {params.out}/target && ln -sfn $d {params.out}/draft"
-        " && echo {params.target} {params.draft} > {output}) > {log} 2>&1"
+        "(t=$(hf download {params.target:q} --quiet) && d=$(hf download {params.draft:q} --quiet)"
+        " && ln -sfn \"$t\" {params.out:q}/target && ln -sfn \"$d\" {params.out:q}/draft"
+        " && echo {params.target:q} {params.draft:q} > {output}) > {log} 2>&1"
 
 
 rule build_llamacpp:
@@ -100,5 +100,5 @@ rule proxy_stats:
         pair=get_pair_folder,
         run=get_proxy_stats_args,
     shell:
-        "moespac proxy-stats --pair {params.pair} {params.run}"
+        "moespac proxy-stats --pair {params.pair:q} {params.run}"
         " --json {output.record} --markdown {output.md} > {log} 2>&1"

@@ -2,6 +2,7 @@
 # the final target list. The logic of each run lives in the `moespac` package; rules call its CLI.
 import os
 import re
+from shlex import quote  # every config value that reaches a shell goes through it (the schema restricts them too)
 
 from snakemake.utils import validate
 
@@ -76,8 +77,8 @@ def get_model_args(wildcards):
     """How `moespac bench` names the models: hub ids as such (records keep them), else the pair's folder."""
     p = PAIRS[wildcards.pair]
     if "target" in p:
-        return f"--target {p['target']} --draft {p['draft']}"
-    return f"--model-pair {pair_folder(wildcards.pair)}"
+        return f"--target {quote(p['target'])} --draft {quote(p['draft'])}"
+    return f"--model-pair {quote(pair_folder(wildcards.pair))}"
 
 
 def output_prefix(wildcards, output):
@@ -101,7 +102,7 @@ def get_pair_folder(wildcards):
 def get_build_args(wildcards):
     p = PAIRS[wildcards.pair]
     budget = f" --budget-minutes {p['build_minutes']}" if "build_minutes" in p else ""
-    overrides = "".join(f" --set {kv}" for kv in p.get("build_set", []))
+    overrides = "".join(f" --set {quote(kv)}" for kv in p.get("build_set", []))
     return f"--config {p['build']}{budget}{overrides}"
 
 
@@ -193,7 +194,7 @@ def get_trace(wildcards):
 
 
 def get_draft_spec_arg(wildcards):
-    return "" if wildcards.draft == "none" else f"--draft-spec {wildcards.draft}"
+    return "" if wildcards.draft == "none" else f"--draft-spec {quote(wildcards.draft)}"
 
 
 def get_policy(wildcards):
@@ -254,7 +255,7 @@ def get_wrapped_args(wildcards, threads):
     limit = 1000000 if s["limit"] is None else s["limit"]
     args = [f"--limit {limit} --seed {PROMPTS['seed']}{sampling_args()}"]
     args += [
-        f"{flag} {s[k]}" for k, flag in WRAPPED_OPTIONS.items() if s.get(k) is not None
+        f"{flag} {quote(str(s[k]))}" for k, flag in WRAPPED_OPTIONS.items() if s.get(k) is not None
     ]
     if wildcards.system == "moespac-release":
         args.append(f"--threads {threads}")

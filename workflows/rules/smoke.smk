@@ -16,7 +16,7 @@ rule make_micro:
     params:
         out="results/models/micro-{arch}",
     shell:
-        "moespac make-micro --out {params.out} --arch {wildcards.arch} > {log} 2>&1"
+        "moespac make-micro --out {params.out:q} --arch {wildcards.arch:q} > {log} 2>&1"
 
 
 rule check_lossless:
@@ -35,7 +35,7 @@ rule check_lossless:
         gammas=",".join(map(str, config["smoke"]["gammas"])),
         ratios=",".join(map(str, config["smoke"]["cache_ratios"])),
     shell:
-        "moespac check-lossless --target {params.models}/target --draft {params.models}/draft"
+        "moespac check-lossless --target {params.models:q}/target --draft {params.models:q}/draft"
         " --prompts {params.prompts} --gammas {params.gammas} --cache-ratios {params.ratios}"
         " > {output}.tmp 2> {log} && mv {output}.tmp {output}"
 
@@ -56,8 +56,8 @@ rule generate_traced:
         policy=config["smoke"]["policy"],
         tokens=config["smoke"]["max_new_tokens"],
     shell:
-        "moespac generate --target {params.models}/target --draft {params.models}/draft --greedy"
-        " --policy {params.policy} --max-new-tokens {params.tokens} --prompt 'Explain speculative decoding.'"
+        "moespac generate --target {params.models:q}/target --draft {params.models:q}/draft --greedy"
+        " --policy {params.policy:q} --max-new-tokens {params.tokens} --prompt 'Explain speculative decoding.'"
         " --json {output.record} --trace {output.trace} > {log} 2>&1"
 
 
