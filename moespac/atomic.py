@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -22,6 +23,17 @@ def atomic_path(path: str | os.PathLike):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike):
+    """Hold an exclusive lock on `path` (created if absent) for the block: concurrent jobs take turns. The lock
+    goes with the process, so a killed holder never leaves it taken."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -6,13 +6,13 @@ destination folder and lands by rename: a reader never sees a half-written file.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from moespac.atomic import file_lock
 from moespac.errors import MoespacError
 
 
@@ -23,8 +23,7 @@ def pip_download(requirement: str, dest: str | Path, pattern: str, sources: bool
     if found:
         return found[0]
     dest.mkdir(parents=True, exist_ok=True)
-    with open(dest / ".download.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second job waits here, then finds the file
+    with file_lock(dest / ".download.lock"):  # a second job waits here, then finds the file
         found = sorted(dest.glob(pattern))
         if found:
             return found[0]

@@ -19,9 +19,11 @@ import json
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from moespac.atomic import file_lock
 from moespac.errors import MoespacError
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,9 @@ class IngestSummary:
     updated: int = 0
     unchanged: int = 0
     skipped: list = field(default_factory=list)
+    """Files that are not result records to load (failure records, files without a config hash)."""
+    invalid: list = field(default_factory=list)
+    """Records that could not be read or break the schema; each is left out, the rest are loaded."""
     runs: dict = field(default_factory=dict)
 
 
@@ -184,32 +189,63 @@ def ingest(studies: dict[str, list[str]], outputs: list[str] = (), uri: str | No
            artifact_root: str = DEFAULT_ARTIFACTS) -> IngestSummary:
     """Load every record of every study; a record in several studies is filed under the first one."""
     uri = tracking_uri(uri)
-    store = Store(uri, artifact_root)
-    summary = IngestSummary(uri)
-    membership: dict[str, list[str]] = {}
-    for study, paths in studies.items():
-        for p in paths:
-            membership.setdefault(str(p), []).append(study)
-    for path, member_of in membership.items():
-        try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise MoespacError(f"record {path}: cannot read ({e})") from None
-        if record.get("kind") == "failure" or "config_hash" not in record:
+    # one ingest at a time per store: the second reads the runs the first made, so they converge to one run
+    # per record (MLflow has no unique key on a tag to enforce it)
+    with file_lock(_lock_path(uri, artifact_root)):
+        store = Store(uri, artifact_root)
+        summary = IngestSummary(uri)
+        membership: dict[str, list[str]] = {}
+        for study, paths in studies.items():
+            for p in paths:
+                membership.setdefault(str(p), []).append(study)
+        for path, member_of in membership.items():
+            record = _read(path, summary)
+            if record is not None:
+                summary.runs[path] = _ingest_one(store, record, path, member_of, summary)
+        if outputs:
+            summary.runs["outputs"] = _ingest_outputs(store, list(outputs), summary)
+    return summary
+
+
+def _lock_path(uri: str, artifact_root: str) -> Path:
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):] + ".lock")
+    return Path(artifact_root) / ".ingest.lock"
+
+
+def _read(path: str, summary: IngestSummary) -> dict | None:
+    """The record at `path` if it is one to load; otherwise None, with the reason noted (and printed, one line)."""
+    from moespac.bench.records import validate_record
+
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        reason = f"cannot read ({str(e).splitlines()[0]})"
+        record = None
+    else:
+        if not isinstance(record, dict):
+            reason = f"not a record (a JSON {type(record).__name__})"
+            record = None
+        elif record.get("kind") == "failure" or "config_hash" not in record:
             summary.skipped.append(dict(path=path, reason="a failure record" if record.get("kind") == "failure"
                                         else "no config_hash (not a result record)"))
-            continue
-        summary.runs[path] = _ingest_one(store, record, path, member_of, summary)
-    if outputs:
-        summary.runs["outputs"] = _ingest_outputs(store, list(outputs), summary)
-    return summary
+            return None
+        else:
+            try:
+                return validate_record(record)
+            except MoespacError as e:
+                reason = str(e).removeprefix("record: ")
+    summary.invalid.append(dict(path=path, reason=reason))
+    print(f"record {path}: left out: {reason}", file=sys.stderr)
+    return None
 
 
 def _ingest_one(store: Store, record: dict, path: str, studies: list[str], summary: IngestSummary) -> str:
     key = run_key(record)
     tags = tags_of(record, path, studies)
     old = store.runs.get(key)
-    if old is not None and old.data.tags.get(CONTENT_TAG) == tags[CONTENT_TAG]:  # ingested before, unchanged
+    if (old is not None and old.data.tags.get(CONTENT_TAG) == tags[CONTENT_TAG]
+            and old.info.status == "FINISHED"):  # ingested before, unchanged (an interrupted one is redone)
         summary.unchanged += 1
         return old.info.run_id
     if old is None:
@@ -229,8 +265,8 @@ def _ingest_one(store: Store, record: dict, path: str, studies: list[str], summa
     trace = trace_summary(record)
     if trace is not None:
         store.client.log_dict(run_id, trace, "trace_summary.json")
-    store.client.set_tag(run_id, CONTENT_TAG, content)  # last: a run interrupted before this is redone
-    store.client.set_terminated(run_id, "FINISHED")
+    store.client.set_tag(run_id, CONTENT_TAG, content)
+    store.client.set_terminated(run_id, "FINISHED")  # last: a run interrupted before this is redone
     store.runs[key] = store.client.get_run(run_id)
     return run_id
 
@@ -243,7 +279,7 @@ def _ingest_outputs(store: Store, outputs: list[str], summary: IngestSummary) ->
         digest.update(Path(p).read_bytes())
     content = digest.hexdigest()[:16]
     old = store.runs.get("outputs")
-    if old is not None and old.data.tags.get(CONTENT_TAG) == content:
+    if old is not None and old.data.tags.get(CONTENT_TAG) == content and old.info.status == "FINISHED":
         return old.info.run_id
     if old is None:
         run_id = store.client.create_run(store.experiment("outputs"), run_name="paper_figs",

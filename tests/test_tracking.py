@@ -11,19 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from moespac.record import make_record
+from moespac.hashing import stable_hash
 from moespac.tracking import CONTENT_TAG, KEY_TAG, flatten, ingest, metrics_of, params_of
 
 
-def bench_record(policy="moespac", benchmark="gsm8k", gamma=8, tps=12.5, timing="simulated"):
-    config = dict(benchmark=benchmark, policy=policy, gamma=gamma, batch_size=1, max_new_tokens=64, cache_ratio=0.25,
-                  timing=timing, hardware="rtx4090-pcie4", model_spec="qwen3-30b-a3b", target="proxy/target",
-                  target_id="proxy/target@abc", draft="proxy/draft" if gamma else None)
-    metrics = dict(requests=2, tokens_per_s=dict(n=2, mean=tps, std=0.5), latency_s=dict(n=2, mean=5.0),
-                   acceptance_rate=0.75 if gamma else None, hit_rate=0.5, counters=dict(hits=10, loads=0),
-                   hot_cold_accuracy=float("nan"), flag=True)
-    return make_record("bench", timing, config, metrics, requests=[dict(id="a", tokens_per_s=tps)],
-                       simulation=dict(topology_mapping=None, draft=dict(spec="qwen3-4b-fp8")))
+FIXTURE = Path(__file__).parent / "fixtures" / "record_simulated.json"  # a real record of the tiny study
+
+
+def bench_record(policy="moespac", benchmark="gsm8k", gamma=8, tps=12.5):
+    """A schema-valid simulated bench record (the fixture's), with these values and their config hash."""
+    rec = json.loads(FIXTURE.read_text())
+    rec["config"].update(benchmark=benchmark, policy=policy, gamma=gamma, target="proxy/target",
+                         draft="proxy/draft" if gamma else None)
+    rec["config_hash"] = stable_hash(rec["config"])
+    rec["benchmark"].update(name=benchmark, display=benchmark, label=benchmark)
+    rec["metrics"]["tokens_per_s"].update(mean=tps, std=0.5)
+    rec["metrics"].update(hot_cold_accuracy=float("nan"), flag=True)
+    return rec
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +65,7 @@ def test_flatten_params_and_metrics_keep_what_mlflow_can_hold():
     assert params["policy"] == "moespac" and params["gamma"] == "8" and params["draft"] == "proxy/draft"
     assert params_of(bench_record(gamma=0))["draft"] == "null"  # JSON for everything but strings
     metrics = metrics_of(rec)
-    assert metrics["tokens_per_s.mean"] == 12.5 and metrics["counters.hits"] == 10.0
+    assert metrics["tokens_per_s.mean"] == 12.5 and metrics["counters.hits"] == float(rec["metrics"]["counters"]["hits"])
     assert "hot_cold_accuracy" not in metrics and "flag" not in metrics  # NaN and booleans are not metrics
     assert "acceptance_rate" in metrics
 
@@ -145,7 +149,71 @@ def test_mlflow_server_rest_api_shows_one_run_per_record(tmp_path, records, db_u
             metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
             assert params["policy"] == rec["config"]["policy"] and params["benchmark"] == rec["config"]["benchmark"]
             assert metrics["tokens_per_s.mean"] == rec["metrics"]["tokens_per_s"]["mean"]
-            assert metrics["latency_s.mean"] == 5.0
+            assert metrics["latency_s.mean"] == rec["metrics"]["latency_s"]["mean"]
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_bad_records_are_left_out_one_line_each_and_the_rest_load(tmp_path, records, db_uri, capsys):
+    """A corrupt file, JSON that is not a record, and a record that breaks the schema among good ones: each is
+    left out with one line naming its file, every good record after them still loads, and the CLI exits 1."""
+    from moespac.cli import main
+
+    torn = tmp_path / "torn.json"
+    torn.write_text(records["spac"].read_text()[:200])
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    wrong = tmp_path / "wrong.json"
+    rec = json.loads(records["lru"].read_text())
+    rec["metrics"]["tokens_per_s"] = "fast"
+    wrong.write_text(json.dumps(rec))
+    paths = [str(torn), str(listed), str(wrong), str(records["spac"]), str(records["spac_cnn"])]
+    summary = ingest({"table1": paths}, uri=db_uri, artifact_root=str(tmp_path / "art"))
+    assert summary.created == 2 and [b["path"] for b in summary.invalid] == paths[:3]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith(f"record {p}: left out: ") for line, p in zip(err, paths))
+    assert "tokens_per_s" in err[2]
+    rc = main(["track", "ingest", "--tracking-uri", db_uri, "--artifact-root", str(tmp_path / "art"),
+               "--study", "table1", *paths])
+    assert rc == 1 and "0 runs created" in capsys.readouterr().out
+
+
+_CONCURRENT = """
+import sys
+from moespac.tracking import ingest
+ingest({"table1": sys.argv[3:]}, uri=sys.argv[1], artifact_root=sys.argv[2])
+"""
+
+
+def test_two_concurrent_ingests_make_one_run_per_record(tmp_path, db_uri):
+    paths = []
+    for i, policy in enumerate(["moespac", "lru", "lfu", "hybrimoe"] * 3):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(json.dumps(bench_record(policy=policy, benchmark=f"b{i}", tps=float(i))))
+        paths.append(str(path))
+    args = [sys.executable, "-c", _CONCURRENT, db_uri, str(tmp_path / "art"), *paths]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=db_uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert sorted(r.data.tags[KEY_TAG] for r in runs) == sorted(json.loads(Path(p).read_text())["config_hash"]
+                                                                 for p in paths)
+
+
+def test_a_run_left_running_by_a_killed_ingest_is_finished_by_the_rerun(tmp_path, records, db_uri):
+    """kill -9 after the run's content was tagged but before it was marked finished: the rerun redoes it."""
+    from mlflow.tracking import MlflowClient
+
+    path = str(records["spac"])
+    first = ingest({"table1": [path]}, uri=db_uri, artifact_root=str(tmp_path / "art"))
+    client = MlflowClient(tracking_uri=db_uri)
+    run_id = first.runs[path]
+    client.update_run(run_id, status="RUNNING")  # what a kill between the last two calls leaves
+    again = ingest({"table1": [path]}, uri=db_uri, artifact_root=str(tmp_path / "art"))
+    assert (again.created, again.updated, again.unchanged) == (0, 1, 0) and again.runs[path] == run_id
+    assert client.get_run(run_id).info.status == "FINISHED"

@@ -35,7 +35,7 @@ def run_ingest(args) -> int:
         raise MoespacError("nothing to ingest: give --study NAME RECORD... or --outputs")
     summary = ingest(studies, args.outputs, args.tracking_uri, args.artifact_root)
     print(f"MLflow {summary.tracking_uri}: {summary.created} runs created, {summary.updated} updated, "
-          f"{summary.unchanged} unchanged, {len(summary.skipped)} skipped")
+          f"{summary.unchanged} unchanged, {len(summary.skipped)} skipped, {len(summary.invalid)} left out as invalid")
     if args.summary:
         write_json(args.summary, asdict(summary))
-    return 0
+    return 1 if summary.invalid else 0
