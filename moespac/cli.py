@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
+import threading
 
 from moespac.errors import MoespacError
 
@@ -34,16 +36,32 @@ def _unavailable(name: str, error: Exception):
     return run
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (how Snakemake and Slurm stop a job): unwinds like Ctrl-C, so a run writes its failure record."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         rc = args.func(args)
     except MoespacError as e:
         print(f"moespac {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"moespac {args.command}: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"moespac {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return int(rc or 0)
 
 

@@ -161,6 +161,28 @@ def test_error_mid_run_writes_a_failure_record_and_spares_other_records(micro_di
     assert not failure_path(out).exists() and load_valid_record(out) is not None
 
 
+def test_sigterm_mid_bench_writes_a_failure_record(micro_dir, tmp_path):
+    """Snakemake and Slurm stop a job with SIGTERM: the run unwinds as from Ctrl-C, leaves its failure record
+    (and no result), and exits 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "moespac", "bench", "--model-pair", str(micro_dir), "--gamma", "2", "--no-progress",
+           "--benchmark", "gsm8k", "--limit", "50", "--max-new-tokens", "64", "--warmup", "0", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # past imports and model loading: into the prompts
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "terminated" in err and not out.exists()
+    fail = validate_record(failure_path(out))
+    assert fail["kind"] == "failure" and fail["failed_kind"] == "bench"
+
+
 def test_load_valid_record_refuses_truncated_partial_invalid_failed_and_stale(measured, tmp_path, caplog):
     good = json.loads(measured[0].read_text())
     path = tmp_path / "r.json"
