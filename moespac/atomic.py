@@ -9,11 +9,15 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from moespac.errors import MoespacError
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds."""
     path = Path(path)
+    if path.is_dir():
+        raise MoespacError(f"{path}: is a folder; give a file path to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

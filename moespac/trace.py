@@ -145,6 +145,11 @@ def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     if not path.exists():
         raise MoespacError(f"trace {path}: no such file")
+    if not path.is_file():
+        raise MoespacError(f"trace {path}: is a folder; give a .npz trace file")
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # numpy would call anything else "pickled data"
+            raise MoespacError(f"trace {path}: not a trace (an .npz archive starts with a zip header)")
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}

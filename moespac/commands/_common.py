@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from moespac.errors import MoespacError
 
@@ -12,6 +13,17 @@ def floats(text: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def finite(text: str) -> float:
+    """A float that is a number (argparse type): nan and inf are refused where they are parsed."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return x
 
 
 def ints(text: str) -> list[int]:
@@ -42,15 +54,26 @@ def add_engine_args(p: argparse.ArgumentParser, gamma_default: int = 8) -> None:
 
 def add_memory_args(g) -> None:
     """The memory plan's budgets and the explicit slot-pool overrides it checks (`moespac plan`)."""
-    g.add_argument("--cache-ratio", type=float, default=None,
+    g.add_argument("--cache-ratio", type=finite, default=None,
                    help="device expert slots / all routed experts, in [0, 1] (default: as many as the memory plan fits)")
-    g.add_argument("--cache-gib", type=float, default=None, help="device expert slot pool in GiB (overrides --cache-ratio)")
-    g.add_argument("--gpu-gib", type=float, default=None, help="device memory budget (default: the GPU's free memory)")
-    g.add_argument("--host-gib", type=float, default=None, help="host memory budget (default: this machine's memory)")
+    g.add_argument("--cache-gib", type=finite, default=None, help="device expert slot pool in GiB (overrides --cache-ratio)")
+    g.add_argument("--gpu-gib", type=finite, default=None, help="device memory budget (default: the GPU's free memory)")
+    g.add_argument("--host-gib", type=finite, default=None, help="host memory budget (default: this machine's memory)")
+
+
+def check_output_paths(args, *names: str) -> None:
+    """Output files named by these options must not be folders (checked before any work, not at the end)."""
+    from pathlib import Path
+
+    for name in names:
+        value = getattr(args, name, None)
+        if value and Path(value).is_dir():
+            raise MoespacError(f"--{name.replace('_', '-')} {value}: is a folder; give a file path to write")
 
 
 def check_engine_args(args) -> None:
     """Validate before any model is loaded, so bad input fails fast and writes nothing."""
+    check_output_paths(args, "json", "trace", "out")
     if getattr(args, "draft", None) and args.gamma < 1:
         raise MoespacError(f"--gamma {args.gamma} must be >= 1")
     if args.cache_ratio is not None and not 0.0 <= args.cache_ratio <= 1.0:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moespac.commands._common import add_engine_args, add_model_args, add_warmup_steps_arg, warmup_steps_option
+from moespac.commands._common import (add_engine_args, add_model_args, add_warmup_steps_arg, check_output_paths,
+                                     finite, warmup_steps_option)
 from moespac.errors import MoespacError
 
 
@@ -25,7 +26,7 @@ def register(sub) -> None:
     g.add_argument("--batch-size", type=int, default=1, help="prompts per engine call (the paper: 1)")
     g.add_argument("--max-new-tokens", type=int, default=512, help="generation length cap (the paper: 512)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens (fixed output length)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy (default)")
     g.add_argument("--warmup", type=int, default=1, help="warm-up engine calls, left out of the record")
     g.add_argument("--seed", type=int, default=0)
     t = p.add_argument_group("timing")
@@ -71,6 +72,7 @@ def model_refs(args) -> tuple[str | None, str | None]:
 def run(args) -> int:
     from moespac.bench.harness import BenchConfig, run_to_file
 
+    check_output_paths(args, "out", "trace")
     target, draft = model_refs(args)
     cfg = BenchConfig(
         benchmark=args.benchmark, target=target, draft=None if args.no_draft else draft, policy=args.policy,

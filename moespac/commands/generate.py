@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moespac.commands._common import add_engine_args, add_model_args, check_engine_args
+from moespac.commands._common import add_engine_args, add_model_args, check_engine_args, finite
 from moespac.errors import MoespacError
 
 
@@ -14,7 +14,7 @@ def register(sub) -> None:
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--greedy", action="store_true", help="greedy decoding (default: sample at --temperature)")
-    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--temperature", type=finite, default=0.8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the result record here")
     p.add_argument("--trace", default=None, help="write the activation trace (.npz) here")
@@ -37,6 +37,12 @@ def run(args) -> int:
     check_engine_args(args)
     if args.max_new_tokens < 1:
         raise MoespacError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+    if args.temperature < 0:
+        raise MoespacError(f"--temperature {args.temperature} must be >= 0 (0 = greedy)")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # undecodable bytes in argv arrive as lone surrogates
+        raise MoespacError(f"--prompt is not valid UTF-8 (at character {e.start})") from None
     sampling = Sampling(temperature=0.0 if args.greedy else args.temperature, seed=args.seed)
     gamma = args.gamma if args.draft else 0
     cfg = config_from_args(args, gamma=gamma, context=args.max_new_tokens + 2048)

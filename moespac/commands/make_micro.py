@@ -1,5 +1,8 @@
 """`moespac make-micro`: write a small random target + draft pair for tests and smoke runs."""
 
+from pathlib import Path
+
+from moespac.errors import MoespacError
 from moespac.models.micro import ARCHS  # torch-free at import: the CLI starts without torch
 
 
@@ -14,6 +17,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from moespac.models.micro import make_micro
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise MoespacError(f"--out {args.out}: is a file; give a folder (the pair goes to OUT/target and OUT/draft)")
     out = make_micro(args.out, args.arch, args.seed)
     print(f"wrote {out}/target and {out}/draft ({args.arch}, random weights)")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moespac.commands._common import finite
 from moespac.errors import MoespacError
 
 
@@ -12,7 +13,7 @@ def register(sub) -> None:
     p.add_argument("--prompts", type=int, default=10, help="prompts per benchmark (seeded sample)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=8, help="draft length")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = speculative sampling")
+    p.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy (default); > 0 = speculative sampling")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt sample and of sampling")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: a fixed count, so two runs sample the same tokens)")

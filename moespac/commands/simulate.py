@@ -34,7 +34,10 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moespac.commands._common import check_output_paths
     from moespac.sim.simulate import SimConfig, simulate
+
+    check_output_paths(args, "json")
 
     cfg = SimConfig(trace=args.trace, policy=args.policy, hardware=args.hardware, model_spec=args.model_spec,
                     draft_spec=args.draft_spec, cache_ratio=args.cache_ratio, cache_gib=args.cache_gib,

@@ -9,6 +9,8 @@ device), then the draft straight to the device.
 
 from __future__ import annotations
 
+import re
+
 import os
 from dataclasses import dataclass, replace
 
@@ -64,8 +66,12 @@ def resolve_device(device: str | None) -> str:
     import torch
 
     if device:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+            raise MoespacError(f"--device {device!r}: expected cpu, cuda or cuda:N")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise MoespacError(f"--device {device}: CUDA is not available on this machine")
+        if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+            raise MoespacError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
         return device
     return "cuda" if torch.cuda.is_available() else "cpu"
 

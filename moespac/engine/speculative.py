@@ -125,7 +125,8 @@ def check_batch(prompts: list[list[int]], max_batch: int, limit: int | None, max
         if not p:
             raise MoespacError(f"prompt {i} is empty")
         if limit and len(p) + max_new_tokens + gamma + 1 > limit:
-            raise MoespacError(f"prompt {i} of {len(p)} tokens + {max_new_tokens} new tokens does not fit the "
+            draft = f" + {gamma + 1} of a draft window (gamma {gamma})" if gamma else ""
+            raise MoespacError(f"prompt {i} of {len(p)} tokens + {max_new_tokens} new tokens{draft} does not fit the "
                                f"target's context of {limit}")
 
 

@@ -35,8 +35,20 @@ def _from_pretrained(cls, ref: str, role: str, **kw):
         return cls.from_pretrained(str(Path(ref).expanduser()) if is_local else ref, local_files_only=is_local, **kw)
     except OSError as e:
         if is_local:
-            raise MoespacError(f"{role} {ref!r}: not a loadable model folder ({str(e).splitlines()[0]})") from None
+            raise MoespacError(f"{role} {ref!r}: not a loadable model folder ({_first_line(e)})") from None
         raise not_on_hub(ref, role) from None
+    except Exception as e:
+        # truncated or corrupt weights (safetensors' header errors), a pickle that torch's weights_only refuses
+        if is_local and (isinstance(e, (ValueError, RuntimeError, EOFError)) or "Safetensor" in type(e).__name__
+                         or "Unpickl" in type(e).__name__):
+            raise MoespacError(f"{role} {ref!r}: its files cannot be read ({type(e).__name__}: "
+                               f"{_first_line(e)})") from None
+        raise
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0].strip()[:300] if lines else type(e).__name__
 
 
 def load_model(ref: str, role: str = "model", dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False):
@@ -49,9 +61,15 @@ def load_model(ref: str, role: str = "model", dtype: str = "auto", device: str =
     return model.to(device).eval()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
 def load_tokenizer(ref: str, role: str = "tokenizer", trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    folder = Path(ref).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise MoespacError(f"{role} {ref!r}: the folder has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
     return _from_pretrained(AutoTokenizer, ref, role, trust_remote_code=trust_remote_code)
 
 

@@ -119,6 +119,8 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.exists():
             raise MoespacError(f"hardware profile {p}: no such file")
+        if not p.is_file():
+            raise MoespacError(f"hardware profile {p}: is a folder; give a YAML file or a built-in name")
         return p
     builtin = PROFILE_DIR / f"{name_or_path}.yaml"
     if not builtin.exists():
@@ -143,7 +145,10 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     try:
         doc = yaml.safe_load(raw)
     except yaml.YAMLError as e:
-        raise MoespacError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise MoespacError(f"{where}: not valid YAML{at} ({problem})") from None
     if not isinstance(doc, dict):
         raise MoespacError(f"{where}: expected a mapping of parameters")
     params, optional = HardwareProfile.parameters(), HardwareProfile.optional()

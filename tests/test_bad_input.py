@@ -1,0 +1,111 @@
+"""Bad input gets one line naming what is wrong and a non-zero exit, never a traceback, and writes nothing."""
+
+import os
+import shutil
+
+import pytest
+
+from moespac.cli import main
+
+
+def run(capsys, *argv) -> tuple[int, str]:
+    """(exit code, stderr) of one CLI call; argparse's own refusals exit through SystemExit."""
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    return rc, err
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))
+             and "Loading weights" not in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def broken(micro_dir, tmp_path_factory):
+    """Model folders a user might point at by mistake."""
+    d = tmp_path_factory.mktemp("broken")
+    (d / "empty").mkdir()
+    shutil.copytree(micro_dir / "target", d / "truncated")
+    weights = d / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: os.path.getsize(weights) // 2])
+    (d / "no_tokenizer").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(micro_dir / "target" / name, d / "no_tokenizer" / name)
+    (d / "a_file").write_text("x")
+    (d / "random.npz").write_bytes(os.urandom(512))
+    (d / "bad.yaml").write_text("a: [1\n b")
+    return d
+
+
+def generate(micro_dir, *extra, target=None):
+    return ["generate", "--target", target or micro_dir / "target", "--draft", micro_dir / "draft", "--prompt", "hi",
+            "--max-new-tokens", 2, *extra]
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("not-a-model", ["target", "not a model folder"]),
+    ("truncated", ["target", "cannot be read", "SafetensorError"]),
+    ("no-tokenizer", ["tokenizer", "no tokenizer"]),
+    ("cache-gib-nan", ["--cache-gib", "finite"]),
+    ("cache-gib-inf", ["--cache-gib", "finite"]),
+    ("temperature-nan", ["--temperature", "finite"]),
+    ("device", ["--device", "tpu"]),
+    ("json-folder", ["--json", "is a folder"]),
+    ("non-utf8-prompt", ["--prompt", "UTF-8"]),
+    ("huge-gamma", ["gamma 100000", "context"]),
+])
+def test_generate_refuses_bad_input_in_one_line(capsys, micro_dir, broken, case, needles):
+    argv = {
+        "not-a-model": generate(micro_dir, target=broken / "empty"),
+        "truncated": generate(micro_dir, target=broken / "truncated"),
+        "no-tokenizer": generate(micro_dir, target=broken / "no_tokenizer"),
+        "cache-gib-nan": generate(micro_dir, "--cache-gib", "nan"),
+        "cache-gib-inf": generate(micro_dir, "--cache-gib", "inf"),
+        "temperature-nan": generate(micro_dir, "--temperature", "nan"),
+        "device": generate(micro_dir, "--device", "tpu"),
+        "json-folder": generate(micro_dir, "--json", broken),
+        "non-utf8-prompt": generate(micro_dir)[:-4] + ["--prompt", b"\xff\xfe hi".decode("utf-8", "surrogateescape"),
+                                                       "--max-new-tokens", 2],
+        "huge-gamma": generate(micro_dir, "--gamma", 100000),
+    }[case]
+    rc, err = run(capsys, *argv)
+    line = one_line(err)
+    assert rc == 2, err
+    for needle in needles:
+        assert needle in line, line
+
+
+def test_other_commands_refuse_bad_paths_in_one_line(capsys, micro_dir, broken, tmp_path):
+    trace = tmp_path / "t.npz"
+    from moespac.policy import Topology
+    from moespac.sim.synthetic import synthetic_trace, toy_spec
+
+    topo = Topology(2, 8, 2)
+    synthetic_trace(topo, new_tokens=8, gamma=2, seed=0, model_spec=toy_spec(topo)).save(trace)
+    cases = [
+        (["simulate", "--trace", trace, "--hardware", broken, "--policy", "lru"], ["hardware profile", "is a folder"]),
+        (["simulate", "--trace", trace, "--hardware", "rtx4090-pcie4", "--policy", "lru", "--json", broken],
+         ["--json", "is a folder"]),
+        (["simulate", "--trace", broken / "random.npz", "--hardware", "rtx4090-pcie4", "--policy", "lru"],
+         ["random.npz", "not a trace"]),
+        (["simulate", "--trace", trace, "--hardware", broken / "bad.yaml", "--policy", "lru"],
+         ["bad.yaml", "line 2"]),
+        (["simulate", "--trace", trace, "--hardware", "rtx4090-pcie4", "--policy", "moespac:adaptive=maybe"],
+         ["adaptive", "true or false"]),
+        (["make-micro", "--out", broken / "a_file"], ["--out", "is a file"]),
+        (["bench", "--model-pair", micro_dir, "--benchmark", "gsm8k", "--limit", 1, "--out", broken],
+         ["--out", "is a folder"]),
+    ]
+    for argv, needles in cases:
+        rc, err = run(capsys, *argv)
+        line = one_line(err)
+        assert rc == 2, (argv, err)
+        for needle in needles:
+            assert needle in line, (argv, line)
+    assert sorted(p.name for p in broken.iterdir()) == ["a_file", "bad.yaml", "empty", "no_tokenizer", "random.npz",
+                                                         "truncated"]  # nothing written
