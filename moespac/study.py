@@ -89,6 +89,50 @@ def _benchmark_names() -> set[str]:
     return set(BENCHMARKS)
 
 
+MICRO_CONTEXT = 4096
+"""max_position_embeddings of every micro pair (moespac.models.micro; read there without importing transformers)."""
+
+
+def pair_shape(pair: dict) -> tuple[int | None, int] | None:
+    """(MoE layers or None, context) of a pair the pipeline builds; None for a hub pair (known once downloaded)."""
+    if "build" in pair:
+        from moespac.models.proxy_config import get_config
+
+        c = get_config(pair["build"], dict(kv.split("=", 1) for kv in pair.get("build_set", [])))
+        return c.layers, c.context
+    if "micro" in pair:
+        return None, MICRO_CONTEXT
+    return None
+
+
+def check_limits(config: dict) -> None:
+    """Limits that depend on other config values, checked before any job (naming the key): generation length
+    and draft window against the pair's context, the heatmap layer against the pair's layers, a batch against
+    the prompts drawn per benchmark."""
+    pairs = config["pairs"]
+    sections = [("engine", config["engine"]), ("simulation", config["simulation"])]
+    sections += [(f"wrapped.{name}", s) for name, s in config["wrapped"].items() if "max_new_tokens" in s]
+    for key, section in sections:
+        shape = pair_shape(pairs.get(section.get("pair"), {}))
+        if shape is None or "max_new_tokens" not in section:
+            continue
+        gamma = int(section.get("gamma") or 0)
+        need = section["max_new_tokens"] + (gamma + 1 if gamma else 0) + 1  # + at least one prompt token
+        if need > shape[1]:
+            raise MoespacError(f"{key}.max_new_tokens {section['max_new_tokens']}" + (f" + a draft window of "
+                               f"{gamma + 1} (gamma {gamma})" if gamma else "") + f" + a prompt do not fit pair "
+                               f"{section['pair']!r}'s context of {shape[1]} tokens")
+    shape = pair_shape(pairs.get(config["simulation"]["pair"], {}))
+    layer = config["figures"]["heatmap_layer"]
+    if shape is not None and shape[0] is not None and layer >= shape[0]:
+        raise MoespacError(f"figures.heatmap_layer {layer}: pair {config['simulation']['pair']!r} has {shape[0]} "
+                           f"MoE layers (0..{shape[0] - 1})")
+    engine = config["engine"]
+    if engine["limit"] is not None and engine["batch_size"] > engine["limit"]:
+        raise MoespacError(f"engine.batch_size {engine['batch_size']} exceeds engine.limit {engine['limit']} "
+                           "(the prompts drawn per benchmark): a batch needs that many prompts")
+
+
 def check_names(config: dict) -> None:
     """Raise MoespacError naming the config key whose value is not a known benchmark, method (and its
     policy spec), hardware profile or model spec. The schema has already checked shapes and types."""

@@ -82,8 +82,14 @@ def bad_config(tmp_path, edit) -> Path:
     (lambda c: c["wrapped"]["moespac_release"].update(pair="nopair"), ["wrapped.moespac_release.pair", "nopair"]),
     (lambda c: c["simulation"].update(draft_spec="qwen9"), ["simulation.draft_spec", "qwen9"]),
     (lambda c: c["table3"]["models"][0].update(draft="qwen3-4b"), ["draft", "models"]),
+    (lambda c: c["engine"].update(max_new_tokens=5000), ["engine.max_new_tokens 5000", "context of 4096"]),
+    (lambda c: c["simulation"].update(max_new_tokens=4091, gamma=4), ["simulation.max_new_tokens", "gamma 4"]),
+    (lambda c: c["pairs"].update(built={"build": "tiny", "label": "x"}) or c["simulation"].update(pair="built")
+     or c["figures"].update(heatmap_layer=2), ["figures.heatmap_layer 2", "2 MoE layers"]),
+    (lambda c: c["engine"].update(batch_size=3, limit=2), ["engine.batch_size 3", "engine.limit 2"]),
 ], ids=["unknown-key", "wrong-type", "benchmark", "method", "hardware", "policy-option", "pair", "wrapped-key",
-        "wrapped-type", "wrapped-pair", "draft-spec", "table3-key"])
+        "wrapped-type", "wrapped-pair", "draft-spec", "table3-key", "length-vs-context", "window-vs-context",
+        "heatmap-layer", "batch-vs-limit"])
 def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, edit, needles):
     r = snakemake("--cores", 1, "--configfile", bad_config(tmp_path, edit), cwd=tmp_path)
     assert r.returncode != 0

@@ -8,12 +8,13 @@ from snakemake.utils import validate
 
 from moespac.bench.datasets import BENCHMARKS as KNOWN_BENCHMARKS
 from moespac.models.micro import ARCHS as MICRO_ARCHS
-from moespac.study import check_names, get_method, k_method
+from moespac.study import check_limits, check_names, get_method, k_method
 
 validate(config, schema="../schemas/config.schema.yaml")
 check_names(
     config
 )  # benchmark / method / policy / hardware / model-spec names, naming the key
+check_limits(config)  # values that depend on each other (lengths against the pair's context, ...)
 
 PAIRS = config["pairs"]
 BENCHMARKS = config["benchmarks"]
