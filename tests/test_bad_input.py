@@ -109,3 +109,17 @@ def test_other_commands_refuse_bad_paths_in_one_line(capsys, micro_dir, broken, 
             assert needle in line, (argv, line)
     assert sorted(p.name for p in broken.iterdir()) == ["a_file", "bad.yaml", "empty", "no_tokenizer", "random.npz",
                                                          "truncated"]  # nothing written
+
+
+def test_an_unknown_hub_id_fails_at_once_when_the_hub_is_unreachable(capsys, monkeypatch):
+    """No local copy and no hub (a closed port stands in for a machine without internet): one line at once,
+    not after the hub client's ~30 s of retries."""
+    import time
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    t0 = time.monotonic()
+    rc, err = run(capsys, "generate", "--target", "org/no-such-model", "--draft", "org/no-such-draft", "--prompt", "hi")
+    assert rc == 2 and time.monotonic() - t0 < 10
+    line = one_line(err)
+    assert "org/no-such-model" in line and "hf download" in line

@@ -77,7 +77,7 @@ def load_config(ref: str, trust_remote_code: bool = False, role: str = "model"):
     hub's config.json. Unknown and unreachable ids fail in one line."""
     from transformers import AutoConfig
 
-    from moespac.models.loading import check_ref, not_on_hub
+    from moespac.models.loading import check_ref, hub_unavailable, not_on_hub
 
     if check_ref(ref, role):
         try:
@@ -85,9 +85,11 @@ def load_config(ref: str, trust_remote_code: bool = False, role: str = "model"):
                                               trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
             raise MoespacError(f"{role} {ref!r}: not a model folder with a config.json ({str(e).splitlines()[0]})") from None
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False") or hub_unavailable(ref)
     if ref in HUB_CONFIGS and offline:
         return offline_config(ref)
+    if offline:
+        raise not_on_hub(ref, role)
     try:
         return AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code)
     except (OSError, ValueError):

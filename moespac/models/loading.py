@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -29,8 +31,39 @@ def not_on_hub(ref: str, role: str) -> MoespacError:
         f"and pass DIR, or build a local pair with `moespac make-micro --out DIR` / `moespac build-proxy --out DIR`.")
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (its endpoint from $HF_ENDPOINT), within `timeout`."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((host.hostname, host.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _cached_on_disk(ref: str) -> bool:
+    """Whether the hub cache already holds this id's config (then loading works offline)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(ref, "config.json"), str) or \
+            isinstance(try_to_load_from_cache(ref, "tokenizer_config.json"), str)
+    except Exception:  # an id the cache cannot even name (malformed)
+        return False
+
+
+def hub_unavailable(ref: str) -> bool:
+    """A hub id that neither the local hub cache holds nor the hub can serve now: fail at once, not after the
+    hub client's retries (~30 s)."""
+    return not _cached_on_disk(ref) and not hub_reachable()
+
+
 def _from_pretrained(cls, ref: str, role: str, **kw):
     is_local = check_ref(ref, role)
+    if not is_local and hub_unavailable(ref):
+        raise not_on_hub(ref, role)
     try:
         return cls.from_pretrained(str(Path(ref).expanduser()) if is_local else ref, local_files_only=is_local, **kw)
     except OSError as e:
