@@ -217,3 +217,18 @@ def test_a_run_left_running_by_a_killed_ingest_is_finished_by_the_rerun(tmp_path
     again = ingest({"table1": [path]}, uri=db_uri, artifact_root=str(tmp_path / "art"))
     assert (again.created, again.updated, again.unchanged) == (0, 1, 0) and again.runs[path] == run_id
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_two_generate_runs_that_differ_only_by_prompt_are_two_runs(tmp_path, micro_dir, db_uri):
+    from moespac.cli import main
+
+    paths = []
+    for i, prompt in enumerate(["Hello", "Goodbye"]):
+        path = tmp_path / f"g{i}.json"
+        assert main(["generate", "--target", str(micro_dir / "target"), "--draft", str(micro_dir / "draft"), "--prompt",
+                     prompt, "--max-new-tokens", "2", "--greedy", "--json", str(path)]) == 0
+        paths.append(str(path))
+    hashes = {json.loads(Path(p).read_text())["config_hash"] for p in paths}
+    assert len(hashes) == 2  # every input that changes a result is in the hash
+    summary = ingest({"smoke": paths}, uri=db_uri, artifact_root=str(tmp_path / "art"))
+    assert summary.created == 2 and not summary.invalid
