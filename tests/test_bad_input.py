@@ -36,6 +36,12 @@ def broken(micro_dir, tmp_path_factory):
     (d / "no_tokenizer").mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(micro_dir / "target" / name, d / "no_tokenizer" / name)
+    (d / "pickled").mkdir()  # a .bin checkpoint whose unpickling would run a command
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (micro_dir / "target" / name).exists():
+            shutil.copy(micro_dir / "target" / name, d / "pickled" / name)
+    (d / "pickled" / "pytorch_model.bin").write_bytes(
+        b"\x80\x04\x95\x1e\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c\x0btouch PWNED\x94\x85\x94R\x94.")
     (d / "a_file").write_text("x")
     (d / "random.npz").write_bytes(os.urandom(512))
     (d / "bad.yaml").write_text("a: [1\n b")
@@ -50,6 +56,7 @@ def generate(micro_dir, *extra, target=None):
 @pytest.mark.parametrize("case, needles", [
     ("not-a-model", ["target", "not a model folder"]),
     ("truncated", ["target", "cannot be read", "SafetensorError"]),
+    ("pickle", ["target", "cannot be read", "UnpicklingError"]),
     ("no-tokenizer", ["tokenizer", "no tokenizer"]),
     ("cache-gib-nan", ["--cache-gib", "finite"]),
     ("cache-gib-inf", ["--cache-gib", "finite"]),
@@ -63,6 +70,7 @@ def test_generate_refuses_bad_input_in_one_line(capsys, micro_dir, broken, case,
     argv = {
         "not-a-model": generate(micro_dir, target=broken / "empty"),
         "truncated": generate(micro_dir, target=broken / "truncated"),
+        "pickle": generate(micro_dir, target=broken / "pickled"),
         "no-tokenizer": generate(micro_dir, target=broken / "no_tokenizer"),
         "cache-gib-nan": generate(micro_dir, "--cache-gib", "nan"),
         "cache-gib-inf": generate(micro_dir, "--cache-gib", "inf"),
@@ -78,6 +86,7 @@ def test_generate_refuses_bad_input_in_one_line(capsys, micro_dir, broken, case,
     assert rc == 2, err
     for needle in needles:
         assert needle in line, line
+    assert not os.path.exists("PWNED")  # the refused pickle ran nothing
 
 
 def test_other_commands_refuse_bad_paths_in_one_line(capsys, micro_dir, broken, tmp_path):
@@ -107,8 +116,8 @@ def test_other_commands_refuse_bad_paths_in_one_line(capsys, micro_dir, broken, 
         assert rc == 2, (argv, err)
         for needle in needles:
             assert needle in line, (argv, line)
-    assert sorted(p.name for p in broken.iterdir()) == ["a_file", "bad.yaml", "empty", "no_tokenizer", "random.npz",
-                                                         "truncated"]  # nothing written
+    assert sorted(p.name for p in broken.iterdir()) == ["a_file", "bad.yaml", "empty", "no_tokenizer", "pickled",
+                                                         "random.npz", "truncated"]  # nothing written
 
 
 def test_an_unknown_hub_id_fails_at_once_when_the_hub_is_unreachable(capsys, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -65,7 +66,9 @@ def _from_pretrained(cls, ref: str, role: str, **kw):
     if not is_local and hub_unavailable(ref):
         raise not_on_hub(ref, role)
     try:
-        return cls.from_pretrained(str(Path(ref).expanduser()) if is_local else ref, local_files_only=is_local, **kw)
+        with warnings.catch_warnings():  # torch warns about the protocol of a pickle it is about to refuse
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return cls.from_pretrained(str(Path(ref).expanduser()) if is_local else ref, local_files_only=is_local, **kw)
     except OSError as e:
         if is_local:
             raise MoespacError(f"{role} {ref!r}: not a loadable model folder ({_first_line(e)})") from None
