@@ -161,6 +161,8 @@ def load_trace(path: str | Path) -> Trace:
         meta = json.loads(bytes(data.pop("meta")).decode())
     except ValueError:
         raise MoespacError(f"trace {path}: meta is not valid JSON") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("topology", {}), dict):
+        raise MoespacError(f"trace {path}: meta is not a mapping with a topology mapping (not a moespac trace)")
     missing = [k for k in list(_STEP_ARRAYS) + ["topk_ids", "topk_weights"] if k not in data]
     if missing:
         raise MoespacError(f"trace {path}: missing arrays {missing}")

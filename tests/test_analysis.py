@@ -123,12 +123,12 @@ def test_sweep_figures_from_records(tmp_path):
     import json
 
     from moespac.analysis.figures import FIGURES
-    from moespac.record import make_record
+    from records import simulated_record
 
     def record(name, policy="moespac", gamma=8, cache=0.25, tokens=64, batch=1, tps=10.0):
-        config = dict(benchmark="mt-bench", policy=policy, gamma=gamma, batch_size=batch, max_new_tokens=tokens,
-                      cache_ratio=cache, hardware="rtx4090-pcie4", model_spec="qwen3-30b-a3b", target="t")
-        rec = make_record("bench", "simulated", config, dict(tokens_per_s=dict(mean=tps), latency_s=dict(mean=1.0)))
+        rec = simulated_record("mt-bench", tps, latency=1.0, policy=policy, gamma=gamma, batch_size=batch,
+                               max_new_tokens=tokens, cache_ratio=cache, hardware="rtx4090-pcie4",
+                               model_spec="qwen3-30b-a3b", target="t")
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(rec))
         return str(path)

@@ -96,6 +96,17 @@ def test_other_commands_refuse_bad_paths_in_one_line(capsys, micro_dir, broken, 
 
     topo = Topology(2, 8, 2)
     synthetic_trace(topo, new_tokens=8, gamma=2, seed=0, model_spec=toy_spec(topo)).save(trace)
+    shape, listed = tmp_path / "shape.json", tmp_path / "list.json"
+    shape.write_text('{"kind": "bench", "timing": "simulated", "config_hash": "x", "metrics": []}')
+    listed.write_text("[1, 2]")
+    import json
+
+    import numpy as np
+
+    arrays = dict(np.load(trace, allow_pickle=False))
+    arrays["meta"] = np.frombuffer(json.dumps([1, 2]).encode(), dtype=np.uint8)
+    bad_meta = tmp_path / "meta.npz"
+    np.savez(bad_meta, **arrays)
     cases = [
         (["simulate", "--trace", trace, "--hardware", broken, "--policy", "lru"], ["hardware profile", "is a folder"]),
         (["simulate", "--trace", trace, "--hardware", "rtx4090-pcie4", "--policy", "lru", "--json", broken],
@@ -107,6 +118,10 @@ def test_other_commands_refuse_bad_paths_in_one_line(capsys, micro_dir, broken, 
         (["simulate", "--trace", trace, "--hardware", "rtx4090-pcie4", "--policy", "moespac:adaptive=maybe"],
          ["adaptive", "true or false"]),
         (["make-micro", "--out", broken / "a_file"], ["--out", "is a file"]),
+        (["report", "table", "table1", shape, "--out", tmp_path / "t1"], ["shape.json", "schema violation"]),
+        (["report", "table", "table1", listed, "--out", tmp_path / "t1"], ["list.json", "not a record"]),
+        (["simulate", "--trace", bad_meta, "--hardware", "rtx4090-pcie4", "--policy", "lru"],
+         ["meta.npz", "not a mapping"]),
         (["bench", "--model-pair", micro_dir, "--benchmark", "gsm8k", "--limit", 1, "--out", broken],
          ["--out", "is a folder"]),
     ]

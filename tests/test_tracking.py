@@ -11,21 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from moespac.hashing import stable_hash
 from moespac.tracking import CONTENT_TAG, KEY_TAG, flatten, ingest, metrics_of, params_of
-
-
-FIXTURE = Path(__file__).parent / "fixtures" / "record_simulated.json"  # a real record of the tiny study
+from records import simulated_record
 
 
 def bench_record(policy="moespac", benchmark="gsm8k", gamma=8, tps=12.5):
-    """A schema-valid simulated bench record (the fixture's), with these values and their config hash."""
-    rec = json.loads(FIXTURE.read_text())
-    rec["config"].update(benchmark=benchmark, policy=policy, gamma=gamma, target="proxy/target",
-                         draft="proxy/draft" if gamma else None)
-    rec["config_hash"] = stable_hash(rec["config"])
-    rec["benchmark"].update(name=benchmark, display=benchmark, label=benchmark)
-    rec["metrics"]["tokens_per_s"].update(mean=tps, std=0.5)
+    """A schema-valid simulated bench record with these values (tests/records.py) and a NaN and a boolean metric."""
+    rec = simulated_record(benchmark, tps, policy=policy, gamma=gamma, target="proxy/target",
+                           draft="proxy/draft" if gamma else None)
     rec["metrics"].update(hot_cold_accuracy=float("nan"), flag=True)
     return rec
 

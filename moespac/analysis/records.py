@@ -144,7 +144,15 @@ def wrapped_row(rec: dict) -> dict:
 
 def record_row(path, rec: dict | None = None) -> dict:
     """One record file (already read: `rec`) -> one row (MoespacError for a failure record or an unknown kind)."""
+    from moespac.bench.records import validate_record
+
     rec = read_json(path) if rec is None else rec
+    if not isinstance(rec, dict):
+        raise MoespacError(f"record {path}: not a record (a JSON {type(rec).__name__})")
+    try:
+        validate_record(rec)
+    except MoespacError as e:  # a parseable file of the wrong shape: say where, not a KeyError
+        raise MoespacError(f"record {path}: {str(e).removeprefix('record: ')}") from None
     kind = rec.get("kind")
     if kind == "bench":
         row = bench_row(rec)
