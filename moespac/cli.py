@@ -15,7 +15,10 @@ from moespac.errors import MoespacError
 def build_parser() -> argparse.ArgumentParser:
     import moespac.commands as commands
 
+    from moespac import __version__
+
     parser = argparse.ArgumentParser(prog="moespac", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"moespac {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if mod.name.startswith("_"):  # shared helpers, not commands

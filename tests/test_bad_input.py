@@ -147,3 +147,23 @@ def test_an_unknown_hub_id_fails_at_once_when_the_hub_is_unreachable(capsys, mon
     assert rc == 2 and time.monotonic() - t0 < 10
     line = one_line(err)
     assert "org/no-such-model" in line and "hf download" in line
+
+
+def test_outputs_are_readable_by_the_group_like_any_file_open_makes(tmp_path):
+    """Atomic writes go through mkstemp (0600); the result gets the mode open() would give it (umask 022: 0644)."""
+    from moespac.atomic import write_json
+
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "r.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert oct((tmp_path / "r.json").stat().st_mode & 0o777) == "0o644"
+
+
+def test_version(capsys):
+    from moespac import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"moespac {__version__}"
