@@ -124,6 +124,8 @@ def test_other_commands_refuse_bad_paths_in_one_line(capsys, micro_dir, broken, 
          ["meta.npz", "not a mapping"]),
         (["bench", "--model-pair", micro_dir, "--benchmark", "gsm8k", "--limit", 1, "--out", broken],
          ["--out", "is a folder"]),
+        (["bench", "--model-pair", micro_dir, "--benchmark", "gsm8k", "--limit", 1, "--gamma", 100000, "--no-progress",
+          "--out", tmp_path / "g.json"], ["gamma 100000", "context of 4096"]),
     ]
     for argv, needles in cases:
         rc, err = run(capsys, *argv)

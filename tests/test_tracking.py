@@ -225,3 +225,34 @@ def test_two_generate_runs_that_differ_only_by_prompt_are_two_runs(tmp_path, mic
     assert len(hashes) == 2  # every input that changes a result is in the hash
     summary = ingest({"smoke": paths}, uri=db_uri, artifact_root=str(tmp_path / "art"))
     assert summary.created == 2 and not summary.invalid
+
+
+def test_kill_9_mid_ingest_then_rerun_leaves_one_finished_run_per_record(tmp_path, db_uri):
+    """A real SIGKILL once the first run exists (the rest unwritten or half-written), then the same ingest again:
+    every record has exactly one run and every run is FINISHED."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    paths = []
+    for i in range(40):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(json.dumps(bench_record(policy="lru", benchmark=f"b{i}", tps=float(i))))
+        paths.append(str(path))
+    args = [sys.executable, "-c", _CONCURRENT, db_uri, str(tmp_path / "art"), *paths]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client = MlflowClient(tracking_uri=db_uri)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        exps = [e.experiment_id for e in client.search_experiments()]
+        if exps and client.search_runs(exps, max_results=1):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the ingest finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    summary = ingest({"table1": paths}, uri=db_uri, artifact_root=str(tmp_path / "art"))
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+    assert len(runs) == len(paths) == len({r.data.tags[KEY_TAG] for r in runs})
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert summary.created + summary.updated + summary.unchanged == len(paths)

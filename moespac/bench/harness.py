@@ -366,6 +366,10 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
 def fit_prompts(prompts, tokenizer, context: int, max_new_tokens: int, gamma: int):
     """(fitting (prompt, ids) pairs, skipped [{id, reason}]): first turns that leave room for the new tokens
     and the gamma + 1 positions a verify pass runs past the text."""
+    if max_new_tokens + gamma + 2 > context:  # not even a one-token prompt fits: a config error, not a skip
+        draft = f" + a draft window of {gamma + 1} (gamma {gamma})" if gamma else ""
+        raise MoespacError(f"--max-new-tokens {max_new_tokens}{draft} + a prompt do not fit the target's context of "
+                           f"{context} tokens")
     enc = datasets.encode_prompts(prompts, tokenizer, max_context=context - gamma - 1, max_new_tokens=max_new_tokens)
     return enc.items, [dict(id=pid, reason=_room(reason, context, gamma)) for pid, reason in enc.skipped]
 
