@@ -139,6 +139,22 @@ def _solve(u, resident, evictable, free, tau_now, r_cpu, r_gpu, distinct, seen, 
     return fallbacks
 
 
+_WARM = []
+
+
+def _warm() -> None:
+    """Load (or compile) the kernels once per process with the real calls' argument types (see the estimator's)."""
+    if _WARM:
+        return
+    r, v = np.zeros((1, 1)), np.zeros(1)
+    i, u, flags = np.zeros(1, np.int64), np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.bool_)
+    _shares(np.zeros((1, 1), np.int64), u, 1, r, r.copy(), v, v.copy())
+    _learn(r, r.copy(), r.copy(), r.copy(), v, v.copy(), v.copy(), i, 1, 0.1)
+    _solve(u, flags, flags, i, np.ones(1, np.int64), r, r.copy(), v, i.copy(), 1.0, 1.0, 1.0, 1.0, 1.0, False, 1, 1,
+           np.zeros(1, np.int64))
+    _WARM.append(True)
+
+
 class WorkloadBalancer:
     """Per-layer r_c(tau), r_g(tau), b estimates and the threshold decision."""
 
@@ -156,6 +172,7 @@ class WorkloadBalancer:
         self._new = np.zeros((2, num_layers, K))
         self._total, self._b = np.zeros(num_layers), np.zeros(num_layers)
         self._free = np.zeros(num_layers, dtype=np.int64)
+        _warm()
 
     def observe(self, counts: np.ndarray, u_before: np.ndarray) -> None:
         """Learn from one step: counts [L, E] activations, u_before [L, E] utilities the step started with."""
@@ -164,7 +181,8 @@ class WorkloadBalancer:
 
     def collect(self, counts: np.ndarray, u_before: np.ndarray) -> None:
         """The step's shares, kept for `learn` (the measurements the warm-up arithmetic takes)."""
-        _shares(np.asarray(counts), np.asarray(u_before), self.K, self._new[0], self._new[1], self._total, self._b)
+        _shares(np.ascontiguousarray(counts, dtype=np.int64), np.ascontiguousarray(u_before, dtype=np.uint8), self.K,
+                self._new[0], self._new[1], self._total, self._b)
 
     def learn(self) -> None:
         """The warm-up arithmetic over the shares `collect` kept."""
@@ -189,6 +207,8 @@ class WorkloadBalancer:
         c = self.costs
         self._free[:] = free_slots
         tau = np.empty(self.L, dtype=np.int64)
+        u, resident, evictable = (np.ascontiguousarray(a, dtype=t) for a, t in
+                                  ((u, np.uint8), (resident, np.bool_), (evictable, np.bool_)))
         self.infeasible += _solve(u, resident, evictable, self._free, self.tau, self.r_cpu, self.r_gpu, self.distinct,
                                   self.seen, tokens * self.top_k * c.t_cpu, c.t_gpu, c.t_layer, c.t_io,
                                   gamma * c.t_draft / self.L, self.scope == "global", self.warmup_steps,
