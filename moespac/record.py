@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from moespac.atomic import write_json
 from moespac.environment import environment, software_environment
 from moespac.errors import MoespacError
 from moespac.hashing import stable_hash
@@ -28,5 +27,3 @@ def make_record(kind: str, timing: str, config: dict, metrics: dict, **extra) ->
                 config_hash=stable_hash(config), environment=env, **when, metrics=metrics, **extra)
 
 
-def write_record(path, record: dict) -> None:
-    write_json(path, record)

@@ -146,9 +146,9 @@ def skipped_record(system: str, config: dict, reason: str, **extra) -> dict:
 
 def write_and_report(label: str, record: dict, out) -> int:
     """Write a wrapped record atomically and print its one-line summary (or its skip reason)."""
-    from moespac.record import write_record
+    from moespac.bench.records import write_result
 
-    write_record(out, record)
+    write_result(out, record)
     if record["skipped"]:
         print(f"{label}: skipped: {record['skip_reason']}")
     else:

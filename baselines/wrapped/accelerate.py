@@ -131,10 +131,10 @@ def run_benchmark(args) -> dict:
 
 
 def main(args) -> int:
-    from moespac.record import write_record
+    from moespac.bench.records import write_result
 
     record = run_benchmark(args)
-    write_record(args.out, record)
+    write_result(args.out, record)
     m = record["metrics"]
     print(f"accelerate: {m['decode_tokens_per_s']:.2f} tok/s decode (wrapped, {m['requests']} prompts); "
           f"{record['offload_note']}")

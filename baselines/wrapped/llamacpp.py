@@ -247,10 +247,10 @@ def run_benchmark(args) -> dict:
 
 
 def main(args) -> int:
-    from moespac.record import write_record
+    from moespac.bench.records import write_result
 
     record = run_benchmark(args)
-    write_record(args.out, record)
+    write_result(args.out, record)
     m = record["metrics"]
     rate = f"   acceptance {m['acceptance_rate']:.3f}" if m.get("acceptance_rate") is not None else ""
     print(f"llama.cpp {'speculative' if args.draft else 'plain'}: {m['decode_tokens_per_s']:.2f} tok/s decode "

@@ -84,7 +84,8 @@ def check_complete(record: dict, where: str = "record") -> None:
 
 
 def write_result(path, record: dict) -> None:
-    """Validate, write atomically, then drop a stale failure record beside it."""
+    """Validate, write atomically, then drop a stale failure record beside it (every command's result records go
+    through here, so each kind is validated on write)."""
     plain = canonical(record)  # what json will hold: numpy -> lists, tuples -> lists
     validate_record(plain)
     write_json(path, plain)
@@ -99,7 +100,7 @@ def write_failure(path, kind: str, timing: str, config: dict, error: BaseExcepti
     record = make_record("failure", timing, canonical(config), {}, failed_kind=kind,
                          error=dict(type=type(error).__name__, message=str(error) or last, last_line=last))
     out = failure_path(path)
-    write_json(out, record)
+    write_json(out, record)  # not validated: it is written while another error unwinds, which must not be masked
     return out
 
 

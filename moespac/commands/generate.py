@@ -32,7 +32,8 @@ def run(args) -> int:
     from moespac.engine.session import EngineSession, config_from_args
     from moespac.engine.speculative import Sampling
     from moespac.models.registry import spec_from_config
-    from moespac.record import make_record, write_record
+    from moespac.bench.records import write_result
+    from moespac.record import make_record
 
     check_engine_args(args)
     if args.max_new_tokens < 1:
@@ -78,7 +79,7 @@ def run(args) -> int:
                       cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, slots=stats["capacity"],
                       per_layer=args.per_layer_cache, copy_mode=args.copy_mode, max_new_tokens=args.max_new_tokens,
                       sampling=sampling.__dict__, device=device, dtype=args.dtype, prompt=args.prompt, raw=args.raw)
-        write_record(args.json, make_record("generate", "measured", config, dict(res.summary(), **stats),
+        write_result(args.json, make_record("generate", "measured", config, dict(res.summary(), **stats),
                                             model_spec=spec.to_dict(), trace=args.trace))
         print(f"record: {args.json}")
     return 0

@@ -29,7 +29,8 @@ def run(args) -> int:
 
     from moespac.bench.datasets import BENCHMARKS
     from moespac.models import proxy_stats
-    from moespac.record import make_record, write_record
+    from moespac.bench.records import write_result
+    from moespac.record import make_record
 
     names = list(BENCHMARKS) if args.benchmarks.strip().lower() == "all" else \
         [b.strip() for b in args.benchmarks.split(",") if b.strip()]
@@ -51,7 +52,7 @@ def run(args) -> int:
     if args.json:
         config = dict(pair=args.pair, benchmarks=names, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                       gamma=args.gamma, seed=args.seed, temperature=args.temperature, threads=threads)
-        write_record(args.json, make_record("proxy-stats", "measured", config, dict(benchmarks=proxy_stats.to_dicts(rows)),
+        write_result(args.json, make_record("proxy-stats", "measured", config, dict(benchmarks=proxy_stats.to_dicts(rows)),
                                             paper=proxy_stats.paper_reference(), model="locally trained proxy pair"))
         print(f"record: {args.json}")
     return 0

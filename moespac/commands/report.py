@@ -92,7 +92,8 @@ def run_audit(args) -> int:
 
 
 def run_overhead(args) -> int:
-    from moespac.record import make_record, write_record
+    from moespac.bench.records import write_result
+    from moespac.record import make_record
     from moespac.scheduler.overhead import PAPER, measure
 
     if not 0 <= args.alpha < 1 or args.repeats < 1:
@@ -100,7 +101,7 @@ def run_overhead(args) -> int:
     m = measure(alpha=args.alpha, repeats=args.repeats)
     config = dict(study="scheduler-overhead", alpha=args.alpha, repeats=args.repeats, shape=list(m["shape"]),
                   gamma=m["gamma"])
-    write_record(args.json, make_record("overhead", "measured", config, m, paper=PAPER))
+    write_result(args.json, make_record("overhead", "measured", config, m, paper=PAPER))
     print(f"estimator {m['estimator_ms_per_step']:.4f} ms/step (paper {PAPER['estimator_ms_per_step']}), "
           f"tau {m['tau_ms_per_generation']:.3f} ms/generation (paper {PAPER['tau_ms_per_generation']}), "
           f"state {m['state_kb']:.1f} KiB (paper ~{PAPER['state_kb']:.0f} KB); timing: measured")
@@ -114,7 +115,7 @@ def run_whatif_locality(args) -> int:
 
     from moespac.analysis.whatif import plot_locality, render_locality
     from moespac.atomic import write_text
-    from moespac.record import write_record
+    from moespac.bench.records import write_result
     from moespac.sim.whatif import LocalitySweep, run_locality_sweep
     from moespac.trace import load_trace
 
@@ -132,7 +133,7 @@ def run_whatif_locality(args) -> int:
         sd, ar = (load_trace(p) for p in args.recorded)
         recorded = (Path(args.recorded[0]).parent.name, sd, ar)  # the benchmark folder of the trace
     record = run_locality_sweep(cfg, recorded, progress=lambda it, n: tqdm(it, total=n, desc="traces"))
-    write_record(args.json, record)
+    write_result(args.json, record)
     md = render_locality(record)
     write_text(f"{args.out}.md", md)
     paths = [args.json, f"{args.out}.md"] + [str(p) for p in plot_locality(record, args.out)]

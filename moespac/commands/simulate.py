@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from moespac.atomic import write_json
+from moespac.bench.records import write_result
 from moespac.commands._common import add_warmup_steps_arg, warmup_steps_option
 
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                     bounds=not args.no_bounds, **warmup_steps_option(args))
     record = simulate(cfg)
     if args.json:
-        write_json(args.json, record)
+        write_result(args.json, record)
     print(summary_text(record))
     return 0
 
