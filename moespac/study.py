@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_context
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,9 @@ def check_limits(config: dict) -> None:
         shape = pair_shape(pairs.get(section.get("pair"), {}))
         if shape is None or "max_new_tokens" not in section:
             continue
-        gamma = int(section.get("gamma") or 0)
-        need = section["max_new_tokens"] + (gamma + 1 if gamma else 0) + 1  # + at least one prompt token
-        if need > shape[1]:
-            raise MoespacError(f"{key}.max_new_tokens {section['max_new_tokens']}" + (f" + a draft window of "
-                               f"{gamma + 1} (gamma {gamma})" if gamma else "") + f" + a prompt do not fit pair "
-                               f"{section['pair']!r}'s context of {shape[1]} tokens")
+        n = section["max_new_tokens"]
+        check_context(f"{key}.max_new_tokens {n}: a one-token prompt", 1, n, int(section.get("gamma") or 0),
+                      shape[1], whose=f"pair {section['pair']!r}'s")
     shape = pair_shape(pairs.get(config["simulation"]["pair"], {}))
     layer = config["figures"]["heatmap_layer"]
     if shape is not None and shape[0] is not None and layer >= shape[0]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from moespac.bench import datasets
 from moespac.bench.records import load_valid_record, write_failure, write_result
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_context
 from moespac.hashing import stable_hash
 from moespac.record import make_record
 from moespac.registry import parse_policy
@@ -366,10 +366,8 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
 def fit_prompts(prompts, tokenizer, context: int, max_new_tokens: int, gamma: int):
     """(fitting (prompt, ids) pairs, skipped [{id, reason}]): first turns that leave room for the new tokens
     and the gamma + 1 positions a verify pass runs past the text."""
-    if max_new_tokens + gamma + 2 > context:  # not even a one-token prompt fits: a config error, not a skip
-        draft = f" + a draft window of {gamma + 1} (gamma {gamma})" if gamma else ""
-        raise MoespacError(f"--max-new-tokens {max_new_tokens}{draft} + a prompt do not fit the target's context of "
-                           f"{context} tokens")
+    # not even a one-token prompt fits: a config error, not a skip
+    check_context(f"--max-new-tokens {max_new_tokens}: a one-token prompt", 1, max_new_tokens, gamma, context)
     enc = datasets.encode_prompts(prompts, tokenizer, max_context=context - gamma - 1, max_new_tokens=max_new_tokens)
     return enc.items, [dict(id=pid, reason=_room(reason, context, gamma)) for pid, reason in enc.skipped]
 

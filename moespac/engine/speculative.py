@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from moespac.engine.kvcache import CachedModel
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_context
 from moespac.policy import StepInfo
 
 
@@ -124,10 +124,8 @@ def check_batch(prompts: list[list[int]], max_batch: int, limit: int | None, max
     for i, p in enumerate(prompts):
         if not p:
             raise MoespacError(f"prompt {i} is empty")
-        if limit and len(p) + max_new_tokens + gamma + 1 > limit:
-            draft = f" + {gamma + 1} of a draft window (gamma {gamma})" if gamma else ""
-            raise MoespacError(f"prompt {i} of {len(p)} tokens + {max_new_tokens} new tokens{draft} does not fit the "
-                               f"target's context of {limit}")
+        if limit:
+            check_context(f"prompt {i} of {len(p)} tokens", len(p), max_new_tokens, gamma, limit)
 
 
 def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int = 8, max_new_tokens: int = 64,
