@@ -118,6 +118,8 @@ class DraftLookaheadLRU(PrefetchLRU):
     """
 
     needs_draft = True
+    stand_in = ("the previous target forward's routing stands in for the draft-side expert prediction (our "
+                "draft is dense, with no mapping to the target's routers)")
 
     def reset(self, ctx):
         placement = super().reset(ctx)

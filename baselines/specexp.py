@@ -32,6 +32,8 @@ class SpecExp(PrefetchLRU):
     needs_draft = False
     requires = ("cross_layer_topk",)
     source = "axonn-ai/yalis offload_prefetch, yalis/external/model.py (b1970f7881); arXiv 2603.19289; MoE-SpAc Table 1"
+    stand_in = ("the recorded cross-layer router prediction replaces SpecExp's quasi hidden state from offline "
+                "default vectors")
 
     def __init__(self, lossy_execution: bool = False):
         self.lossy_execution = bool(lossy_execution)

@@ -150,6 +150,8 @@ class Policy:
     """Signals (keys of SIGNALS) the policy cannot run without."""
     source: ClassVar[str] = ""
     """Paper, repository and commit the behaviour follows."""
+    stand_in: ClassVar[str] = ""
+    """One line on what replaces the system's own mechanism here, when something does ('' = nothing)."""
     transfer_scale: float = 1.0
     """Bytes of one expert copy relative to a full-precision one; < 1 = compressed, lossy copies (Fate's
     INT4: 0.25). The simulator scales copy bytes and time by it; the engine copies INT4 (moespac/engine/store.py)."""

@@ -10,6 +10,14 @@ from moespac.hashing import stable_hash
 
 TIMINGS = ("measured", "simulated", "wrapped")
 RECORD_VERSION = 1
+_STAMP = "%Y-%m-%dT%H:%M:%SZ"
+_started: float | None = None
+
+
+def mark_started() -> None:
+    """Note when the command began (moespac.cli calls it first): a timed record says when its run started."""
+    global _started
+    _started = time.time()
 
 
 def make_record(kind: str, timing: str, config: dict, metrics: dict, **extra) -> dict:
@@ -21,7 +29,9 @@ def make_record(kind: str, timing: str, config: dict, metrics: dict, **extra) ->
     if timing not in TIMINGS:
         raise MoespacError(f"timing label {timing!r}: one of {', '.join(TIMINGS)}")
     timeless = timing == "simulated" and kind != "failure"  # a failure says when it happened
-    when = {} if timeless else dict(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    now = time.time()
+    when = {} if timeless else dict(started=time.strftime(_STAMP, time.gmtime(min(_started or now, now))),
+                                    created=time.strftime(_STAMP, time.gmtime(now)))
     env = software_environment() if timeless else environment()
     return dict(record_version=RECORD_VERSION, kind=kind, timing=timing, config=config,
                 config_hash=stable_hash(config), environment=env, **when, metrics=metrics, **extra)

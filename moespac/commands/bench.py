@@ -26,7 +26,7 @@ def register(sub) -> None:
     g.add_argument("--batch-size", type=int, default=1, help="prompts per engine call (the paper: 1)")
     g.add_argument("--max-new-tokens", type=int, default=512, help="generation length cap (the paper: 512)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens (fixed output length)")
-    g.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy")
     g.add_argument("--warmup", type=int, default=1, help="warm-up engine calls, left out of the record")
     g.add_argument("--seed", type=int, default=0)
     t = p.add_argument_group("timing")

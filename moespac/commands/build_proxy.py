@@ -11,7 +11,7 @@ def register(sub) -> None:
     p = sub.add_parser("build-proxy", help="train a small Qwen3-MoE target and a distilled dense draft on an offline corpus")
     p.add_argument("--out", required=True, help="output folder (target/, draft/, MODEL_CARD.md are written inside)")
     p.add_argument("--config", default="default", choices=list(CONFIGS),
-                   help="default: trains in about 8 min on one core; qwen3-30b-shape: 48 layers x 128 experts top-8, "
+                   help="'default' trains in about 8 min on one core; qwen3-30b-shape: 48 layers x 128 experts top-8, "
                         "narrow; tiny: seconds, for tests")
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="wall-clock guard of the whole build: past it the build fails (default: the config's); the "

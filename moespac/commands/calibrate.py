@@ -13,7 +13,8 @@ def register(sub) -> None:
                        description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile to write (atomically)")
     p.add_argument("--name", default=None, help="profile name (default: calibrated-<hostname>)")
-    p.add_argument("--hidden", type=int, default=2048, help="expert input width to time (default: Qwen3-30B-A3B's)")
+    p.add_argument("--hidden", type=int, default=2048,
+                   help="expert input width to time; the default is Qwen3-30B-A3B's")
     p.add_argument("--expert-ffn", type=int, default=768, help="expert intermediate width to time")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="host expert dtype")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per point (median kept)")

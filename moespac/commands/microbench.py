@@ -8,8 +8,8 @@ def register(sub) -> None:
                        description=__doc__)
     p.add_argument("target", choices=["scheduler"], help="what to time")
     p.add_argument("--alpha", type=float, default=0.8,
-                   help="draft acceptance rate; sets the verify steps of a 512-token generation (default 0.8)")
-    p.add_argument("--repeats", type=int, default=5, help="best of this many runs (default 5)")
+                   help="draft acceptance rate; sets the verify steps of a 512-token generation")
+    p.add_argument("--repeats", type=int, default=5, help="best of this many runs")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic activation counts")
     p.set_defaults(func=run)
 

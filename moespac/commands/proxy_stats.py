@@ -13,10 +13,10 @@ def register(sub) -> None:
     p.add_argument("--prompts", type=int, default=10, help="prompts per benchmark (seeded sample)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=8, help="draft length")
-    p.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy (default); > 0 = speculative sampling")
+    p.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy; > 0 = speculative sampling")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt sample and of sampling")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: a fixed count, so two runs sample the same tokens)")
+                   help="torch threads: a fixed count, so two runs sample the same tokens")
     p.add_argument("--json", default=None, help="write a result record (timing: measured) here")
     p.add_argument("--trace-dir", default=None, help="write one activation trace per benchmark (NAME.npz) here")
     p.add_argument("--markdown", default=None, help="also write the printed table to this Markdown file")

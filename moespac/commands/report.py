@@ -34,7 +34,7 @@ def register(sub) -> None:
     a.set_defaults(func=run_audit)
 
     o = rsub.add_parser("overhead", help="time MoE-SpAc's estimator and balancer at Qwen3-30B-A3B's shape (measured)")
-    o.add_argument("--alpha", type=float, default=0.8, help="acceptance rate that sets the verify steps (default 0.8)")
+    o.add_argument("--alpha", type=float, default=0.8, help="acceptance rate that sets the verify steps")
     o.add_argument("--repeats", type=int, default=5)
     o.add_argument("--json", required=True, help="write the result record here")
     o.set_defaults(func=run_overhead)
