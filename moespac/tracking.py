@@ -1,15 +1,18 @@
-"""MLflow ingest: every result record becomes one run in a SQLite store, keyed by its config hash.
+"""MLflow ingest: every result record becomes one run per study that uses it, in a SQLite store.
 
 One serial step (the workflow's `log_mlflow` rule) does all the writing, so the store is created and
-migrated once and never raced. A record's run is found by the tag `moespac.run_key` (its config hash):
-ingesting again updates that run (metrics, tags, artifacts) instead of adding one, and skips it outright
-when the record's content has not changed. Experiments are per study (moespac/table1, moespac/sweep_K,
-...); MLflow is for browsing, never an input of the build.
+migrated once and never raced. Experiments are per study (moespac/table1, moespac/sweep_K, ...) and a record
+that serves several studies is a run in each, so every experiment shows all of its cells. A run is found by
+its experiment and the tag `moespac.run_key` (the record's config hash): ingesting again skips a run whose
+record is unchanged and replaces one whose record changed. MLflow is for browsing, never an input of the build.
 
-Run: params = the flattened config; metrics = numeric summaries (no per-request samples); tags = timing
-label, kind, hardware, model, benchmark, method, git commit, record path; artifacts = the record itself
-and, for the engine runs that recorded a trace, the trace's summary. Tables and figures go to one run in
-moespac/outputs.
+Run: params = the flattened config; metrics = one vocabulary for every record kind (the number a table reads
+has the table's name: `tokens_per_s`, `latency_s`, `acceptance_rate`, ...; a per-request summary is its mean,
+with its spread only when there is more than one request); tags = timing label, kind, study, hardware and
+model (named one way for every kind), benchmark, method, git commit, record path; start and end = when the
+run itself ran (a simulated record is timeless: the time its file was written); inputs = the prompt set
+(`mlflow.log_input`); artifacts = the record and, for engine runs that recorded a trace, the trace's summary.
+Tables and figures go to one run in moespac/outputs.
 """
 
 from __future__ import annotations
@@ -61,13 +64,51 @@ def params_of(record: dict) -> dict[str, str]:
     return out
 
 
-def metrics_of(record: dict) -> dict[str, float]:
-    """Finite numeric leaves of `metrics` (booleans and per-request lists left out)."""
+SPREAD = ("std", "min", "max", "p50", "p90")  # logged beside a summary's mean only when n > 1
+# the row's numbers a table reads -> their MLflow names, one name for every record kind
+TABLE_METRICS = {"tps": "tokens_per_s", "latency_s": "latency_s", "acceptance_rate": "acceptance_rate",
+                 "alpha": "alpha", "omega": "omega", "hit_rate": "hit_rate", "host_share": "host_share",
+                 "a_over_b": "a_over_b", "hot_cold_accuracy": "hot_cold_accuracy"}
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_summary(v) -> bool:
+    return isinstance(v, dict) and "n" in v and "mean" in v
+
+
+def metrics_of(record: dict, row: dict | None = None) -> dict[str, float]:
+    """Finite numbers of `metrics` (booleans and per-request lists left out): a per-request summary is logged
+    as its mean under its own name (its spread as NAME.std, ... when n > 1), and for a benchmark cell (`row`,
+    from moespac.analysis.records) the numbers its table reads under the table's names."""
+    from moespac.analysis.records import WRAPPED_METRICS
+
     out = {}
-    for k, v in flatten(record.get("metrics", {})).items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            out[k[:250]] = float(v)
-    return out
+
+    def walk(obj, prefix):
+        for k, v in obj.items():
+            name = f"{prefix}.{k}" if prefix else str(k)
+            if _is_summary(v):
+                if _finite(v["mean"]):
+                    out[name] = float(v["mean"])
+                if (v.get("n") or 0) > 1:
+                    out.update({f"{name}.{s}": float(v[s]) for s in SPREAD if _finite(v.get(s))})
+            elif isinstance(v, dict):
+                walk(v, name)
+            elif _finite(v):
+                out[name] = float(v)
+
+    walk(record.get("metrics", {}), "")
+    if row is not None:
+        if row["kind"] == "wrapped":  # the table's TPS and latency under their own names, not twice
+            for key in WRAPPED_METRICS.values():
+                out.pop(key, None)
+        out.update({name: float(row[col]) for col, name in TABLE_METRICS.items() if _finite(row.get(col))})
+    bound = ((record.get("simulation") or {}).get("bounds") or {}).get("infinite_cache") or {}
+    out.update({f"infinite_cache.{k}": float(bound[k]) for k in ("tokens_per_s", "latency_s") if _finite(bound.get(k))})
+    return {k[:250]: v for k, v in out.items()}
 
 
 def run_key(record: dict) -> str:
@@ -78,23 +119,76 @@ def content_hash(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def tags_of(record: dict, path, studies: list[str]) -> dict[str, str]:
+def table_row(record: dict, path) -> dict | None:
+    """The table row of a benchmark cell (bench and wrapped records); None for the other kinds."""
     from moespac.analysis.records import record_row
+
+    return record_row(path, record) if record["kind"] in ("bench", "wrapped") else None
+
+
+def tags_of(record: dict, path, study: str, studies: list[str], row: dict | None) -> dict[str, str]:
+    from moespac.analysis.records import machine_name
 
     env = record.get("environment") or {}
     tags = {KEY_TAG: run_key(record), CONTENT_TAG: content_hash(path), "moespac.timing": record["timing"],
-            "moespac.kind": record["kind"], "moespac.record_path": str(path), "moespac.studies": ",".join(studies),
-            "moespac.created": record.get("created", "")}
+            "moespac.kind": record["kind"], "moespac.record_path": str(path), "moespac.study": study,
+            "moespac.studies": ",".join(studies)}
     if env.get("git_commit"):
         tags["mlflow.source.git.commit"] = env["git_commit"]
-    if record["kind"] in ("bench", "wrapped"):
-        row = record_row(path)
+    if record["timing"] != "simulated" and env.get("cpu"):
+        tags["moespac.hardware"] = machine_name(env)
+    if row is not None:
         for key in ("hardware", "model", "benchmark", "method", "label", "source"):
             if row.get(key) is not None:
                 tags[f"moespac.{key}"] = str(row[key])[:5000]
         if row.get("skipped"):
             tags["moespac.skip_reason"] = str(row["skip_reason"])[:5000]
     return tags
+
+
+def run_times(record: dict, path) -> tuple[int, int]:
+    """(start, end) in ms since the epoch: when the run itself ran (`started`, `created`); a simulated record
+    holds no clock reading, so both are the time its file was written."""
+    import calendar
+    import time
+
+    def ms(stamp):
+        return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) * 1000
+
+    if record.get("created"):
+        end = ms(record["created"])
+        return (ms(record["started"]) if record.get("started") else end), end
+    written = int(Path(path).stat().st_mtime * 1000)
+    return written, written
+
+
+def prompt_set(record: dict):
+    """The prompts a benchmark cell ran (id, turn, prompt tokens) as an MLflow dataset input named after the
+    benchmark, its source the committed prompt file (offline) or the hub dataset; None without requests."""
+    import warnings
+
+    import pandas as pd
+    from mlflow.data.pandas_dataset import from_pandas
+    from mlflow.entities import DatasetInput, InputTag
+
+    from moespac.bench.datasets import DATA_DIR, get_benchmark
+
+    bench, requests = record.get("benchmark"), record.get("requests")
+    name = bench.get("name") if isinstance(bench, dict) else record["config"].get("benchmark")
+    if not name or not isinstance(requests, list) or not requests:
+        return None
+    frame = pd.DataFrame([dict(prompt_id=str(r.get("prompt_id", r.get("id"))), turn=int(r.get("turn") or 1),
+                               prompt_tokens=r.get("prompt_tokens")) for r in requests])
+    try:
+        info = get_benchmark(name)
+    except MoespacError:  # not one of the seven: no prompt file to name as the source
+        return None
+    source = (f"https://huggingface.co/datasets/{info.hub_id}" if record["config"].get("source") == "hub"
+              else str(DATA_DIR / f"{info.name}.jsonl"))
+    with warnings.catch_warnings():  # MLflow's own: the local-file source is "ambiguous" (it registers it twice),
+        warnings.simplefilter("ignore")  # integer columns cannot hold NaN, a pandas 4 deprecation in its digest
+        entity = from_pandas(frame, source=source, name=info.name)._to_mlflow_entity()
+    return DatasetInput(entity, [InputTag("mlflow.data.context", "prompts")])
 
 
 def run_name(record: dict, tags: dict) -> str:
@@ -132,10 +226,31 @@ class IngestSummary:
     invalid: list = field(default_factory=list)
     """Records that could not be read or break the schema; each is left out, the rest are loaded."""
     runs: dict = field(default_factory=dict)
+    """Record path -> {study: its run id} ('outputs' -> {'outputs': run id})."""
+
+
+EXPERIMENT_KIND = "custom_model_development"  # MLflow's tag value for a training/benchmark experiment: the
+# UI then opens its runs table, not the GenAI view (traces, evaluations) that an untagged new experiment gets
+
+
+def study_description(study: str) -> str:
+    """What an experiment holds, for its MLflow description."""
+    from moespac.analysis.tables import TITLES
+
+    if study in TITLES:
+        return f"{TITLES[study]}: one run per cell of the table (result record), timing label in tag moespac.timing."
+    if study.startswith("sweep_"):
+        return (f"Sweep of {study.removeprefix('sweep_')} (Figures 5-7): one run per point and method "
+                "(result record), timing label in tag moespac.timing.")
+    return {"traces": "Engine runs that recorded the activation traces the simulated cells replay (measured).",
+            "overhead": "MoE-SpAc's scheduler overhead (Section 3.4), measured on this machine.",
+            "smoke": "Smoke runs of the engine on each supported architecture (measured).",
+            "outputs": "The regenerated tables, figures and audit page (paper_figs/) as artifacts of one run."
+            }.get(study, f"Result records of study {study!r}.")
 
 
 class Store:
-    """An MLflow client over one store, with the experiments and run keys it already holds."""
+    """An MLflow client over one store, with the experiments and the runs (by experiment and key) it holds."""
 
     def __init__(self, uri: str, artifact_root: str):
         from mlflow.tracking import MlflowClient
@@ -145,14 +260,15 @@ class Store:
         self.client = MlflowClient(tracking_uri=uri)  # creates / migrates the SQLite schema once, here
         self.artifact_root = Path(artifact_root).resolve()
         self.experiments: dict[str, str] = {}
-        self.runs: dict[str, object] = {}  # run key -> Run
+        self._described: set[str] = set()
+        self.runs: dict[tuple[str, str], object] = {}  # (experiment id, run key) -> Run
         for exp in self.client.search_experiments():
             if exp.name.startswith(PREFIX):
                 self.experiments[exp.name] = exp.experiment_id
         for run in self._search(list(self.experiments.values())):
             key = run.data.tags.get(KEY_TAG)
             if key:
-                self.runs[key] = run
+                self.runs[run.info.experiment_id, key] = run
 
     def _search(self, experiment_ids: list[str]):
         token, out = None, []
@@ -165,20 +281,22 @@ class Store:
         return out
 
     def experiment(self, study: str) -> str:
+        """The study's experiment (created on first use), with its description and kind set."""
         name = f"{PREFIX}{study}"
         if name not in self.experiments:
             location = (self.artifact_root / study).as_uri()
             self.experiments[name] = self.client.create_experiment(name, artifact_location=location)
+        if name not in self._described:  # also an experiment made by an older ingest
+            self.client.set_experiment_tag(self.experiments[name], "mlflow.note.content", study_description(study))
+            self.client.set_experiment_tag(self.experiments[name], "mlflow.experimentKind", EXPERIMENT_KIND)
+            self._described.add(name)
         return self.experiments[name]
 
-    def log(self, run_id: str, params: dict, metrics: dict, tags: dict) -> None:
-        import time
-
+    def log(self, run_id: str, params: dict, metrics: dict, tags: dict, at_ms: int) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
-        now = int(time.time() * 1000)
         params_l = [Param(k, v) for k, v in params.items()]
-        metrics_l = [Metric(k, v, now, 0) for k, v in metrics.items()]
+        metrics_l = [Metric(k, v, at_ms, 0) for k, v in metrics.items()]
         tags_l = [RunTag(k, v) for k, v in tags.items()]
         for i in range(0, max(len(params_l), len(metrics_l), len(tags_l)), BATCH):
             self.client.log_batch(run_id, metrics=metrics_l[i:i + BATCH], params=params_l[i:i + BATCH],
@@ -187,23 +305,27 @@ class Store:
 
 def ingest(studies: dict[str, list[str]], outputs: list[str] = (), uri: str | None = None,
            artifact_root: str = DEFAULT_ARTIFACTS) -> IngestSummary:
-    """Load every record of every study; a record in several studies is filed under the first one."""
+    """Load every record of every study: one run per (study, record)."""
     uri = tracking_uri(uri)
     # one ingest at a time per store: the second reads the runs the first made, so they converge to one run
-    # per record (MLflow has no unique key on a tag to enforce it)
+    # per record and study (MLflow has no unique key on a tag to enforce it)
     with file_lock(_lock_path(uri, artifact_root)):
         store = Store(uri, artifact_root)
         summary = IngestSummary(uri)
         membership: dict[str, list[str]] = {}
         for study, paths in studies.items():
             for p in paths:
-                membership.setdefault(str(p), []).append(study)
+                member_of = membership.setdefault(str(p), [])
+                if study not in member_of:
+                    member_of.append(study)
         for path, member_of in membership.items():
             record = _read(path, summary)
             if record is not None:
-                summary.runs[path] = _ingest_one(store, record, path, member_of, summary)
+                row = table_row(record, path)
+                summary.runs[path] = {study: _ingest_one(store, record, path, study, member_of, row, summary)
+                                      for study in member_of}
         if outputs:
-            summary.runs["outputs"] = _ingest_outputs(store, list(outputs), summary)
+            summary.runs["outputs"] = {"outputs": _ingest_outputs(store, list(outputs), summary)}
     return summary
 
 
@@ -240,34 +362,36 @@ def _read(path: str, summary: IngestSummary) -> dict | None:
     return None
 
 
-def _ingest_one(store: Store, record: dict, path: str, studies: list[str], summary: IngestSummary) -> str:
+def _ingest_one(store: Store, record: dict, path: str, study: str, studies: list[str], row: dict | None,
+                summary: IngestSummary) -> str:
     key = run_key(record)
-    tags = tags_of(record, path, studies)
-    old = store.runs.get(key)
-    if (old is not None and old.data.tags.get(CONTENT_TAG) == tags[CONTENT_TAG]
-            and old.info.status == "FINISHED"):  # ingested before, unchanged (an interrupted one is redone)
-        summary.unchanged += 1
+    tags = tags_of(record, path, study, studies, row)
+    experiment = store.experiment(study)
+    old = store.runs.get((experiment, key))
+    if old is not None and old.data.tags.get(CONTENT_TAG) == tags[CONTENT_TAG] and old.info.status == "FINISHED":
+        summary.unchanged += 1  # ingested before, unchanged (an interrupted one is redone)
         return old.info.run_id
-    if old is None:
-        run = store.client.create_run(store.experiment(studies[0]), run_name=run_name(record, tags),
-                                      tags={KEY_TAG: key})
-        run_id = run.info.run_id
-        summary.created += 1
-    else:
-        run_id = old.info.run_id
-        summary.updated += 1
-    # params are immutable in MLflow and the same config hash means the same params: log the missing ones
-    have = old.data.params if old is not None else {}
-    params = {k: v for k, v in params_of(record).items() if k not in have}
+    if old is not None:  # a changed or half-written run is replaced: MLflow cannot move a run's start time
+        store.client.delete_run(old.info.run_id)
+    start, end = run_times(record, path)
+    run = store.client.create_run(experiment, start_time=start, run_name=run_name(record, tags), tags={KEY_TAG: key})
+    run_id = run.info.run_id
     content = tags.pop(CONTENT_TAG)
-    store.log(run_id, params, metrics_of(record), tags)
+    store.log(run_id, params_of(record), metrics_of(record, row), tags, end)
+    prompts = prompt_set(record) if row is not None else None
+    if prompts is not None:
+        store.client.log_inputs(run_id, [prompts])
     store.client.log_artifact(run_id, path, artifact_path="record")
     trace = trace_summary(record)
     if trace is not None:
         store.client.log_dict(run_id, trace, "trace_summary.json")
     store.client.set_tag(run_id, CONTENT_TAG, content)
-    store.client.set_terminated(run_id, "FINISHED")  # last: a run interrupted before this is redone
-    store.runs[key] = store.client.get_run(run_id)
+    store.client.set_terminated(run_id, "FINISHED", end_time=end)  # last: a run interrupted before this is redone
+    if old is None:
+        summary.created += 1
+    else:
+        summary.updated += 1
+    store.runs[experiment, key] = store.client.get_run(run_id)
     return run_id
 
 
@@ -278,11 +402,12 @@ def _ingest_outputs(store: Store, outputs: list[str], summary: IngestSummary) ->
         digest.update(p.encode())
         digest.update(Path(p).read_bytes())
     content = digest.hexdigest()[:16]
-    old = store.runs.get("outputs")
+    experiment = store.experiment("outputs")
+    old = store.runs.get((experiment, "outputs"))
     if old is not None and old.data.tags.get(CONTENT_TAG) == content and old.info.status == "FINISHED":
         return old.info.run_id
     if old is None:
-        run_id = store.client.create_run(store.experiment("outputs"), run_name="paper_figs",
+        run_id = store.client.create_run(experiment, run_name="paper_figs",
                                          tags={KEY_TAG: "outputs"}).info.run_id
     else:
         run_id = old.info.run_id
@@ -290,5 +415,5 @@ def _ingest_outputs(store: Store, outputs: list[str], summary: IngestSummary) ->
         store.client.log_artifact(run_id, p, artifact_path=str(Path(p).parent))
     store.client.set_tag(run_id, CONTENT_TAG, content)
     store.client.set_terminated(run_id, "FINISHED")
-    store.runs["outputs"] = store.client.get_run(run_id)
+    store.runs[experiment, "outputs"] = store.client.get_run(run_id)
     return run_id

@@ -1,4 +1,5 @@
-"""MLflow ingest: one run per result record, keyed by config hash, idempotent; read back through the REST API."""
+"""MLflow ingest: one run per result record and study, keyed by config hash, idempotent; one metric vocabulary
+for every record kind; read back through the REST API."""
 
 import json
 import shutil
@@ -58,9 +59,43 @@ def test_flatten_params_and_metrics_keep_what_mlflow_can_hold():
     assert params["policy"] == "moespac" and params["gamma"] == "8" and params["draft"] == "proxy/draft"
     assert params_of(bench_record(gamma=0))["draft"] == "null"  # JSON for everything but strings
     metrics = metrics_of(rec)
-    assert metrics["tokens_per_s.mean"] == 12.5 and metrics["counters.hits"] == float(rec["metrics"]["counters"]["hits"])
+    assert metrics["tokens_per_s"] == 12.5 and metrics["counters.hits"] == float(rec["metrics"]["counters"]["hits"])
+    assert metrics["tokens_per_s.std"] == 0.5  # two requests: the spread beside the mean
     assert "hot_cold_accuracy" not in metrics and "flag" not in metrics  # NaN and booleans are not metrics
     assert "acceptance_rate" in metrics
+    # one request: a summary is its mean alone, not seven copies of one number
+    single = bench_record()
+    for name, value in single["metrics"].items():
+        if isinstance(value, dict) and "n" in value:
+            value["n"] = 1
+    names = set(metrics_of(single))
+    assert "tokens_per_s" in names and not {n for n in names if n.startswith("tokens_per_s.")}
+    assert len(names) < len(metrics)
+
+
+def test_every_record_kind_logs_the_tables_tps_under_one_name(tmp_path):
+    """A wrapped record's decode tokens/s and an engine record's per-request mean are the same column,
+    `tokens_per_s`, equal to the table row's TPS; the machine is named one way for both kinds."""
+    from moespac.analysis.records import record_row
+    from moespac.record import make_record
+    from moespac.tracking import table_row, tags_of
+
+    requests = [dict(id="gsm8k/1", new_tokens=8, decode_s=0.5, prefill_s=0.1, decode_tokens_per_s=14.0,
+                     latency_s=0.6, prompt_tokens=12)]
+    from baselines.wrapped._common import wrapped_record
+
+    wrapped = wrapped_record("accelerate", dict(system="accelerate", model_pair=str(tmp_path / "pair"),
+                                                benchmark="gsm8k", max_new_tokens=8), requests)
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(wrapped))
+    row = record_row(path)
+    metrics = metrics_of(wrapped, table_row(wrapped, path))
+    assert metrics["tokens_per_s"] == row["tps"] == 14.0 and metrics["latency_s"] == row["latency_s"] == 0.6
+    assert "decode_tokens_per_s_mean" not in metrics and "latency_s_mean" not in metrics
+    measured = make_record("bench", "measured", {"benchmark": "gsm8k"}, {})
+    for env in (wrapped["environment"], measured["environment"]):
+        assert tags_of(dict(measured, environment=env), path, "table1", ["table1"], None)["moespac.hardware"] \
+            == row["hardware"]
 
 
 def test_ingest_is_idempotent_and_updates_changed_records(tmp_path, records, db_uri):
@@ -68,32 +103,70 @@ def test_ingest_is_idempotent_and_updates_changed_records(tmp_path, records, db_
     studies = {"table1": [str(records["spac"]), str(records["lru"])], "table2": [str(records["spac"]),
                                                                               str(records["spac_cnn"])]}
     first = ingest(studies, uri=uri, artifact_root=str(tmp_path / "art"))
-    assert (first.created, first.updated, first.unchanged) == (3, 0, 0)
+    assert (first.created, first.updated, first.unchanged) == (4, 0, 0)  # spac serves both studies: a run in each
     again = ingest(studies, uri=uri, artifact_root=str(tmp_path / "art"))
-    assert (again.created, again.updated, again.unchanged) == (0, 0, 3)
+    assert (again.created, again.updated, again.unchanged) == (0, 0, 4)
     assert again.runs == first.runs
-    # the same config measured again (new content, same config hash): the run is updated, not duplicated
+    # the same config measured again (new content, same config hash): its run is replaced, not duplicated
     changed = tmp_path / "spac.json"
     rec = json.loads(Path(records["spac"]).read_text())
     rec["metrics"]["tokens_per_s"]["mean"] = 99.0
     changed.write_text(json.dumps(rec))
     third = ingest({"table1": [str(changed)]}, uri=uri, artifact_root=str(tmp_path / "art"))
     assert (third.created, third.updated) == (0, 1)
-    assert third.runs[str(changed)] == first.runs[str(records["spac"])]
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    exps = {e.name: e.experiment_id for e in client.search_experiments()}
+    exps = {e.name: e for e in client.search_experiments()}
     assert {"moespac/table1", "moespac/table2"} <= set(exps)
-    runs = client.search_runs(list(exps.values()))
-    assert len(runs) == 3 and len({r.data.tags[KEY_TAG] for r in runs}) == 3
-    spac = client.get_run(first.runs[str(records["spac"])])
-    assert spac.data.metrics["tokens_per_s.mean"] == 99.0 and spac.data.tags["moespac.studies"] == "table1"
-    assert spac.info.experiment_id == exps["moespac/table1"]  # filed under its first study
+    for name in ("moespac/table1", "moespac/table2"):  # described, and opened as a runs table (not GenAI)
+        assert exps[name].tags["mlflow.experimentKind"] == "custom_model_development"
+        assert exps[name].tags["mlflow.note.content"].startswith(f"Table {name[-1]}:")
+    runs = client.search_runs([e.experiment_id for e in exps.values()])
+    assert len(runs) == 4 and len({(r.info.experiment_id, r.data.tags[KEY_TAG]) for r in runs}) == 4
+    spac = client.get_run(third.runs[str(changed)]["table1"])
+    assert spac.data.metrics["tokens_per_s"] == 99.0 and spac.data.tags["moespac.studies"] == "table1"
+    assert client.get_run(first.runs[str(records["spac"])]["table1"]).info.lifecycle_stage == "deleted"
+    assert spac.info.experiment_id == exps["moespac/table1"].experiment_id
     assert spac.data.tags["moespac.timing"] == "simulated" and spac.data.tags["moespac.method"] == "moespac"
     assert spac.data.tags[CONTENT_TAG]
     assert [a.path for a in client.list_artifacts(spac.info.run_id, "record")] == ["record/spac.json"]
+    # the record of both studies is a run in each, the same cell in both
+    in_table2 = client.get_run(first.runs[str(records["spac"])]["table2"])
+    assert in_table2.info.experiment_id == exps["moespac/table2"].experiment_id
+    assert in_table2.data.tags[KEY_TAG] == spac.data.tags[KEY_TAG] and in_table2.data.tags["moespac.study"] == "table2"
+    # the prompt set is the run's input dataset, named after the benchmark, its source the committed prompt file
+    [prompts] = in_table2.inputs.dataset_inputs
+    assert prompts.dataset.name == "gsm8k" and json.loads(prompts.dataset.source)["uri"].endswith("gsm8k.jsonl")
+    assert {t.key: t.value for t in prompts.tags}["mlflow.data.context"] == "prompts"
+
+
+def test_runs_start_and_end_when_the_run_ran(tmp_path, db_uri):
+    """A timed record's run starts and ends at the record's own times (not the ingest's); a simulated record is
+    timeless, so its run is placed at the time its file was written."""
+    import calendar
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from moespac.record import make_record
+
+    timed = make_record("overhead", "measured", {"alpha": 0.8}, {"x": 1.0})
+    timed.update(started="2026-01-02T03:04:05Z", created="2026-01-02T03:14:05Z")
+    timed_path = tmp_path / "timed.json"
+    timed_path.write_text(json.dumps(timed))
+    sim_path = tmp_path / "sim.json"
+    sim_path.write_text(json.dumps(bench_record()))
+    os.utime(sim_path, (1_700_000_000, 1_700_000_000))
+    summary = ingest({"overhead": [str(timed_path)], "table1": [str(sim_path)]}, uri=db_uri,
+                     artifact_root=str(tmp_path / "art"))
+    client = MlflowClient(tracking_uri=db_uri)
+    run = client.get_run(summary.runs[str(timed_path)]["overhead"]).info
+    start = calendar.timegm((2026, 1, 2, 3, 4, 5, 0, 0, 0)) * 1000
+    assert (run.start_time, run.end_time) == (start, start + 600_000)
+    sim = client.get_run(summary.runs[str(sim_path)]["table1"]).info
+    assert sim.start_time == sim.end_time == 1_700_000_000_000
 
 
 def _free_port() -> int:
@@ -141,8 +214,8 @@ def test_mlflow_server_rest_api_shows_one_run_per_record(tmp_path, records, db_u
             params = {p["key"]: p["value"] for p in run["data"]["params"]}
             metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
             assert params["policy"] == rec["config"]["policy"] and params["benchmark"] == rec["config"]["benchmark"]
-            assert metrics["tokens_per_s.mean"] == rec["metrics"]["tokens_per_s"]["mean"]
-            assert metrics["latency_s.mean"] == rec["metrics"]["latency_s"]["mean"]
+            assert metrics["tokens_per_s"] == rec["metrics"]["tokens_per_s"]["mean"]
+            assert metrics["latency_s"] == rec["metrics"]["latency_s"]["mean"]
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -205,11 +278,14 @@ def test_a_run_left_running_by_a_killed_ingest_is_finished_by_the_rerun(tmp_path
     path = str(records["spac"])
     first = ingest({"table1": [path]}, uri=db_uri, artifact_root=str(tmp_path / "art"))
     client = MlflowClient(tracking_uri=db_uri)
-    run_id = first.runs[path]
+    run_id = first.runs[path]["table1"]
     client.update_run(run_id, status="RUNNING")  # what a kill between the last two calls leaves
     again = ingest({"table1": [path]}, uri=db_uri, artifact_root=str(tmp_path / "art"))
-    assert (again.created, again.updated, again.unchanged) == (0, 1, 0) and again.runs[path] == run_id
-    assert client.get_run(run_id).info.status == "FINISHED"
+    assert (again.created, again.updated, again.unchanged) == (0, 1, 0)
+    redone = client.get_run(again.runs[path]["table1"]).info
+    assert redone.status == "FINISHED" and client.get_run(run_id).info.lifecycle_stage == "deleted"
+    exps = [e.experiment_id for e in client.search_experiments()]
+    assert [r.info.run_id for r in client.search_runs(exps)] == [redone.run_id]
 
 
 def test_two_generate_runs_that_differ_only_by_prompt_are_two_runs(tmp_path, micro_dir, db_uri):

@@ -132,13 +132,14 @@ def interrupt_once_a_record_exists(tmp_path, timeout=300):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def mlflow_config_hashes(tmp_path) -> list[str]:
-    """Config hash of every run in the study's MLflow store, sorted."""
+def mlflow_config_hashes(tmp_path) -> list[tuple[str, str]]:
+    """(study, config hash) of every run in the study's MLflow store, sorted."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'results/mlflow.db'}")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=10000)
-    return sorted(r.data.tags[KEY_TAG] for r in runs)
+    names = {e.experiment_id: e.name for e in client.search_experiments()}
+    runs = client.search_runs(list(names), max_results=10000)
+    return sorted((names[r.info.experiment_id], r.data.tags[KEY_TAG]) for r in runs)
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +198,12 @@ def test_tiny_study_end_to_end(tiny_study):
         assert "CUDA" in wrapped.loc[label, "skip_reason"] and f"| {label} | skipped | skipped |" in md
         assert f"- {label}: skipped, not run here on gsm8k (" in md
 
-    # MLflow: one run per result record, filed by study
+    # MLflow: one run per result record in each study that uses it
     ingest = json.loads((tmp_path / "results/mlflow/ingest.json").read_text())
-    records = [p for p in ingest["runs"] if p != "outputs"]
-    assert ingest["created"] == len(records) and not ingest["skipped"]
+    records = {p: studies for p, studies in ingest["runs"].items() if p != "outputs"}
+    assert ingest["created"] == sum(map(len, records.values())) and not ingest["skipped"]
     keys = mlflow_config_hashes(tmp_path)
-    assert len(keys) == len(set(keys)) == len(ingest["runs"])  # one run per record (+ the outputs run), no duplicate
+    assert len(keys) == len(set(keys)) == ingest["created"] + 1  # (+ the outputs run), no duplicate
     assert any(p.startswith("results/traces/") for p in records)
 
     # the HTML report bundles the figures with their captions
@@ -229,6 +230,31 @@ def test_tiny_study_end_to_end(tiny_study):
     # rows keep theirs
     assert counts["simulate_cell"] == 5 and counts["paper_table"] == 4
     assert not {"record_trace", "bench_measured", "bench_wrapped"} & set(counts)
+
+
+def test_mlflow_answers_moespac_against_hybrimoe_in_one_search(tiny_study):
+    """The first question a reader asks of the store: tokens/s of MoE-SpAc and HybriMoE on each benchmark,
+    simulated on rtx4090-pcie4. One search of the Table 1 experiment gives one row per cell, with the table's
+    number under the table's name; a cell shared with a sweep is in the sweep's experiment too."""
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tiny_study / 'results/mlflow.db'}")
+    found = mlflow.search_runs(experiment_names=["moespac/table1"],
+                               filter_string="tags.`moespac.timing` = 'simulated' AND "
+                                             "tags.`moespac.hardware` = 'rtx4090-pcie4'")
+    found = found[found["tags.moespac.method"].isin(["moespac", "hybrimoe"])]
+    got = {(r["tags.moespac.method"], r["tags.moespac.benchmark"]): r["metrics.tokens_per_s"] for _, r in found.iterrows()}
+    table = pd.read_csv(tiny_study / "paper_figs/table1.csv")
+    cells = table[(table["timing"] == "simulated") & table["method"].isin(["moespac", "hybrimoe"])
+                  & (table["benchmark"] != "average")]
+    assert len(found) == len(got) == len(cells) == 2  # one row per cell, no duplicate
+    assert got == {(r.method, r.benchmark): r.tps for r in cells.itertuples()}
+    # the sweep's 0.25 point is the Table 1 cell; it is a run of the sweep's experiment as well
+    sweep = mlflow.search_runs(experiment_names=["moespac/sweep_cache_ratio"])
+    assert sorted(sweep["params.cache_ratio"].astype(float)) == [0.25, 0.5]
+    experiment = mlflow.get_experiment_by_name("moespac/sweep_cache_ratio")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "cache_ratio" in experiment.tags["mlflow.note.content"]
 
 
 def _simulated_rows(csv: Path) -> list[str]:

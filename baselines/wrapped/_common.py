@@ -24,7 +24,7 @@ def add_common_arguments(p) -> None:
     p.add_argument("--max-context", type=int, default=2048,
                    help="context size; prompts that do not fit with --max-new-tokens are skipped (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0,
-                   help="sampling temperature, seeded by --seed; 0 = greedy (default)")
+                   help="sampling temperature, seeded by --seed; 0 = greedy")
     p.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at end-of-sequence: always generate --max-new-tokens tokens")
     p.add_argument("--out", required=True, help="result record (JSON)")
@@ -129,19 +129,29 @@ def summarize(requests: list[dict]) -> dict:
     return out
 
 
+def pair_models(model_pair: str) -> dict:
+    """The pair's models by the ids the engine's records use (`parent/folder@hash`), so a wrapped row and a
+    measured row of one model name it the same way."""
+    from moespac.hashing import model_id
+
+    pair = Path(model_pair)
+    return dict(target_id=model_id(str(pair / "target")), draft_id=model_id(str(pair / "draft")))
+
+
 def wrapped_record(system: str, config: dict, requests: list[dict], **extra) -> dict:
     """A result record of a completed wrapped run: per-request results and their summary as metrics."""
     from moespac.record import make_record
 
     return make_record("wrapped", "wrapped", config, summarize(requests), system=system, skipped=False,
-                       requests=requests, **extra)
+                       requests=requests, models=pair_models(config["model_pair"]), **extra)
 
 
 def skipped_record(system: str, config: dict, reason: str, **extra) -> dict:
     """A record saying the system could not run here and why; the pipeline goes on (exit 0)."""
     from moespac.record import make_record
 
-    return make_record("wrapped", "wrapped", config, {}, system=system, skipped=True, skip_reason=reason, **extra)
+    return make_record("wrapped", "wrapped", config, {}, system=system, skipped=True, skip_reason=reason,
+                       models=pair_models(config["model_pair"]), **extra)
 
 
 def write_and_report(label: str, record: dict, out) -> int:

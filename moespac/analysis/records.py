@@ -23,9 +23,23 @@ WRAPPED_METHODS = {"llama.cpp": ("llamacpp", "llamacpp-sd"), "accelerate": ("acc
 WRAPPED_LABELS = {"moespac-release": "MoE-SpAc (authors' release)"}
 
 COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "speculative", "gamma", "batch_size",
-           "max_new_tokens", "cache_ratio", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
+           "max_new_tokens", "cache_ratio", "proxy_prompts", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
            "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
            "skipped", "skip_reason", "draft_charged", "config_hash"]
+
+
+# the wrapped record's metrics that are the table's TPS and latency (MLflow logs them under the table's names)
+WRAPPED_METRICS = {"tps": "decode_tokens_per_s_mean", "latency_s": "latency_s_mean"}
+
+
+def machine_name(env: dict) -> str:
+    """The machine a timed record ran on, named one way for every record kind: the GPU, else the CPU and the
+    threads it ran with."""
+    gpu = env.get("gpu")
+    if gpu:
+        return gpu["name"]
+    threads = env.get("cpu_threads")
+    return f"CPU ({env.get('cpu') or '?'}" + (f", {threads} thread{'s' if threads != 1 else ''})" if threads else ")")
 
 
 def _key(policy: str, draft: bool) -> tuple:
@@ -103,16 +117,15 @@ def bench_row(rec: dict) -> dict:
         model = f"{c.get('model_spec')} experts{mapped}"
         source = f"trace of {short(c.get('target_id') or c.get('target'))}" + (f"; draft cost of {draft}" if draft else "")
     else:
-        env = rec.get("environment") or {}
-        gpu = env.get("gpu")
-        hardware = gpu["name"] if gpu else f"CPU ({env.get('cpu') or '?'}, {env.get('cpu_threads')} threads)"
+        hardware = machine_name(rec.get("environment") or {})
         model = short(c.get("target_id") or c.get("target"))
         source = f"draft {short(c.get('draft_id') or c.get('draft'))}" if speculative else "no draft"
         draft_charged = None  # measured: the draft in `source` ran for real
     return dict(
         kind="bench", timing=rec["timing"], method=method, label=label_of(method), benchmark=c["benchmark"],
         policy=c["policy"], speculative=speculative, gamma=int(c.get("gamma") or 0), batch_size=c.get("batch_size"),
-        max_new_tokens=c.get("max_new_tokens"), cache_ratio=c.get("cache_ratio"), hardware=hardware, model=model,
+        max_new_tokens=c.get("max_new_tokens"), cache_ratio=c.get("cache_ratio"),
+        proxy_prompts=bool((rec.get("benchmark") or {}).get("proxy")), hardware=hardware, model=model,
         source=source, tps=_num(_mean(m.get("tokens_per_s"))), latency_s=_num(_mean(m.get("latency_s"))),
         acceptance_rate=_num(m.get("acceptance_rate")), alpha=_num(m.get("alpha")), omega=_num(m.get("omega")),
         hit_rate=_num(m.get("hit_rate")),
@@ -127,19 +140,30 @@ def wrapped_row(rec: dict) -> dict:
     speculative = bool(c.get("speculative"))
     plain, sd = WRAPPED_METHODS.get(system, (system, f"{system}-sd"))
     method = sd if speculative else plain
-    env = rec.get("environment") or {}
-    gpu = env.get("gpu")
+    models = rec.get("models") or {}
     return dict(
         kind="wrapped", timing="wrapped", method=method, label=WRAPPED_LABELS.get(method) or label_of(method),
         benchmark=c.get("benchmark"),
         policy=system, speculative=speculative, gamma=int((c.get("run") or {}).get("draft_max") or 0) if speculative else 0,
         batch_size=1, max_new_tokens=c.get("max_new_tokens"), cache_ratio=None,
-        hardware=gpu["name"] if gpu else f"CPU ({env.get('cpu') or '?'})", model=c.get("model_pair"),
+        proxy_prompts=_offline_proxy(c.get("benchmark")),
+        hardware=machine_name(rec.get("environment") or {}), model=models.get("target_id") or short(c.get("model_pair")),
         source=f"{system} {c.get('version', '')}".strip(),
-        tps=_num(m.get("decode_tokens_per_s_mean", m.get("decode_tokens_per_s"))), latency_s=_num(m.get("latency_s_mean")),
+        tps=_num(m.get(WRAPPED_METRICS["tps"], m.get("decode_tokens_per_s"))),
+        latency_s=_num(m.get(WRAPPED_METRICS["latency_s"])),
         acceptance_rate=_num(m.get("acceptance_rate")), alpha=None, omega=None, hit_rate=None, host_share=None, a_over_b=None,
         a_over_b_per_token=None, hot_cold_accuracy=None, requests=m.get("requests"),
         skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"), draft_charged=None)
+
+
+def _offline_proxy(benchmark) -> bool:
+    """Whether the offline prompts of `benchmark` (what the wrapped systems run) are a proxy set."""
+    from moespac.bench.datasets import get_benchmark
+
+    try:
+        return get_benchmark(benchmark).proxy_label is not None
+    except MoespacError:
+        return False
 
 
 def record_row(path, rec: dict | None = None) -> dict:

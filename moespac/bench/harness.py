@@ -12,7 +12,6 @@ on a hardware profile; per-request facts (tokens, acceptances) stay those of the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -25,7 +24,7 @@ import numpy as np
 from moespac.bench import datasets
 from moespac.bench.records import load_valid_record, write_failure, write_result
 from moespac.errors import MoespacError, check_context
-from moespac.hashing import stable_hash
+from moespac.hashing import model_id, stable_hash
 from moespac.record import make_record
 from moespac.registry import parse_policy
 
@@ -490,27 +489,6 @@ def _finite(x):
 
 
 # ---- ids -------------------------------------------------------------------------------------------------
-
-def model_id(ref: str | None) -> str | None:
-    """`parent/folder@hash` of a local model folder (its JSON files and weights), or the hub id as given.
-
-    Weight files up to 256 MiB are hashed whole; larger ones by their size and first MiB (safetensors
-    header: tensor names, shapes, offsets), so that naming a 60 GB model does not read it.
-    """
-    if not ref:
-        return None
-    folder = Path(ref).expanduser()
-    if not folder.is_dir():
-        return ref
-    h = hashlib.sha256()
-    for f in sorted(folder.iterdir()):
-        if f.is_file() and f.suffix in (".json", ".safetensors"):
-            size = f.stat().st_size
-            h.update(f"{f.name}:{size}:".encode())
-            with open(f, "rb") as fh:
-                h.update(fh.read() if size <= 256 * 2**20 else fh.read(2**20))
-    return f"{folder.resolve().parent.name}/{folder.name}@{h.hexdigest()[:12]}"
-
 
 def _model_card(target: str | None) -> dict | None:
     """Title and disclaimer of the pair's model_card.json (a locally trained proxy says so), if it has one."""

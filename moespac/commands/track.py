@@ -34,6 +34,8 @@ def run_ingest(args) -> int:
     if not studies and not args.outputs:
         raise MoespacError("nothing to ingest: give --study NAME RECORD... or --outputs")
     summary = ingest(studies, args.outputs, args.tracking_uri, args.artifact_root)
+    for skipped in summary.skipped:
+        print(f"record {skipped['path']}: skipped: {skipped['reason']}")
     print(f"MLflow {summary.tracking_uri}: {summary.created} runs created, {summary.updated} updated, "
           f"{summary.unchanged} unchanged, {len(summary.skipped)} skipped, {len(summary.invalid)} left out as invalid")
     if args.summary:
