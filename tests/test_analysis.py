@@ -50,9 +50,12 @@ def test_table1_keeps_timing_blocks_apart_and_computes_relative_improvement():
               ("simulated", "llamacpp", "gsm8k", 10.0, 4.0), ("measured", "moespac", "gsm8k", 3.0, 9.0),
               ("measured", "moespac", "qa", 5.0, 8.0))
     long, blocks = tables.table1(df, ["gsm8k", "qa"])
-    titles = [b.title for b in blocks]
+    titles = [b.title.split(" — (paper N)")[0] for b in blocks]
     assert titles == ["TPS, simulated on rtx4090-pcie4 — model: m; s", "latency (s), simulated on rtx4090-pcie4 — model: m; s",
                       "TPS, measured on CPU — model: m; s", "latency (s), measured on CPU — model: m; s"]
+    # a block whose cells sit beside the paper's says, in its header, that those ran elsewhere on another model
+    assert all("(paper N) = the paper's own run (RTX 4090" in b.title and "not this hardware nor this model"
+               in b.title for b in blocks)
     sim_tps = {r[0]: r for r in blocks[0].rows}
     assert sim_tps["MoE-SpAc"][1] == "30.00 S (paper 27.82)"
     assert sim_tps["Rel. Imprv. (MoE-SpAc vs the best Table 1 baseline here)"][1] == "+50.0% S (paper +46.2%)"
@@ -62,6 +65,64 @@ def test_table1_keeps_timing_blocks_apart_and_computes_relative_improvement():
     assert meas["MoE-SpAc"][1:] == ["3.00 M (paper 27.82)", "5.00 M (paper 23.56)", "4.00 M (paper 25.06)"]
     avg = long[(long["benchmark"] == "average") & (long["timing"] == "measured") & long["tps"].notna()]
     assert avg["tps"].tolist() == [4.0]
+
+
+def test_headers_name_proxy_prompt_sets_and_which_rows_the_draft_serves():
+    """A column of offline proxy prompts says '(proxy)' beside the paper's column name; a measured block with SD
+    and AR rows says which rows the draft serves, not 'draft X; no draft'; Table 2 says what its +x % is."""
+    df = rows(("measured", "moespac", "mmlu-pro", 3.0, 9.0), ("measured", "moespac-no-sd", "mmlu-pro", 2.0, 9.0),
+              ("measured", "moespac", "gsm8k", 5.0, 8.0), ("measured", "moespac-no-sd", "gsm8k", 4.0, 8.0))
+    df["proxy_prompts"] = df["benchmark"] == "mmlu-pro"
+    df["source"] = ["draft proxy/draft@1", "no draft"] * 2
+    _, blocks = tables.table1(df, ["mmlu-pro", "gsm8k"])
+    assert blocks[0].columns == ["Method", "MMLU-Pro (proxy)", "GSM8K", "Average"]
+    assert blocks[0].title.startswith("TPS, measured on CPU — model: m; SD rows draft with proxy/draft@1 — (paper N)")
+    assert "no draft" not in blocks[0].title
+    ablation = df.assign(method=["moespac", "moespac-no-adabc"] * 2)
+    ablation["label"] = [get_method(m).label for m in ablation["method"]]
+    _, t2 = tables.table2(ablation)
+    assert t2[0].columns[1] == "MMLU-Pro (proxy) TPS"
+    assert t2[0].notes[0].startswith("+x % after a variant's TPS: its TPS over the full MoE-SpAc's in this block")
+    assert {r[0]: r[1] for r in t2[0].rows}["w/o AdaBC"].endswith(f", {100 * (2.0 / 3.0 - 1):+.1f}%")
+
+
+def test_the_html_table_is_the_markdown_tables_content_escaped(tmp_path):
+    """What the Snakemake report embeds: a page with the title, the legend, each block as a captioned table with
+    its notes, every cell of the Markdown table in it (escaped)."""
+    from html.parser import HTMLParser
+
+    from moespac.analysis.render import write_table
+
+    blocks = [Block("TPS, **measured** on CPU <x>", ["Method", "GSM8K"], [["MoE-SpAc", "3.00 M (paper 27.82)"],
+                                                                          ["a & b", "–"]], ["note *one*"])]
+    paths = write_table(tmp_path / "t", "Table 9: test", pd.DataFrame({"x": [1]}), blocks)
+    assert [p.suffix for p in paths] == [".csv", ".md", ".tex", ".html"]
+    page = (tmp_path / "t.html").read_text()
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.text, self.cells = [], [], []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag in ("td", "th", "caption", "li"):
+                self.text = []
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th", "caption", "li"):
+                self.cells.append((tag, "".join(self.text)))
+
+        def handle_data(self, data):
+            self.text.append(data)
+
+    parsed = Cells()
+    parsed.feed(page)
+    assert ("caption", "TPS, measured on CPU <x>") in parsed.cells  # markup rendered, text escaped
+    assert [c for t, c in parsed.cells if t in ("th", "td")] == ["Method", "GSM8K", "MoE-SpAc", "3.00 M (paper 27.82)",
+                                                                  "a & b", "–"]
+    assert ("li", "note one") in parsed.cells and "<title>Table 9: test</title>" in page
+    assert "<b>measured</b>" in page and "&lt;x&gt;" in page and page.count("<table>") == 1
 
 
 def test_cells_and_latex():
@@ -118,14 +179,14 @@ def test_table4_and_table3_put_the_papers_numbers_beside_ours():
     assert by["Rel. Improv."][3] == "+100.0% S"
 
 
-def test_sweep_figures_from_records(tmp_path):
-    """Figures 5-7 from hand-made records (the workflow test switches these sweeps off to stay short)."""
+@pytest.fixture
+def record(tmp_path):
+    """record(name, **settings) -> the path of a simulated record of those settings (a file under tmp_path)."""
     import json
 
-    from moespac.analysis.figures import FIGURES
     from records import simulated_record
 
-    def record(name, policy="moespac", gamma=8, cache=0.25, tokens=64, batch=1, tps=10.0):
+    def write(name, policy="moespac", gamma=8, cache=0.25, tokens=64, batch=1, tps=10.0):
         rec = simulated_record("mt-bench", tps, latency=1.0, policy=policy, gamma=gamma, batch_size=batch,
                                max_new_tokens=tokens, cache_ratio=cache, hardware="rtx4090-pcie4",
                                model_spec="qwen3-30b-a3b", target="t")
@@ -133,14 +194,148 @@ def test_sweep_figures_from_records(tmp_path):
         path.write_text(json.dumps(rec))
         return str(path)
 
-    cache = [record(f"c{c}", cache=c, tps=10 + 10 * c) for c in (0.1, 0.5)]
-    groups = {"cache": cache, "length": [record(f"n{n}", tokens=n) for n in (64, 128)],
-              "K": [record(f"k{k}", policy=f"moespac:K={k}") for k in (2, 4)],
-              "batch": [record(f"b{b}", batch=b, policy="hybrimoe", gamma=0) for b in (1, 2)],
-              "records": cache + [record(f"ar{c}", policy="moespac:ablation=no-sd", gamma=0, cache=c) for c in (0.1, 0.5)]}
+    return write
+
+
+def sweep_groups(record, tps=lambda i: 10.0 + 5 * i):
+    """The groups of Figures 5-7: two or three cells per sweep, the i-th with tokens/s tps(i)."""
+    cache = [record(f"c{c}", cache=c, tps=tps(i)) for i, c in enumerate((0.1, 0.5))]
+    return {"cache": cache, "length": [record(f"n{n}", tokens=n, tps=tps(i)) for i, n in enumerate((64, 128))],
+            "K": [record(f"k{k}", policy=f"moespac:K={k}", tps=tps(i)) for i, k in enumerate((2, 4, 8))],
+            "batch": [record(f"b{b}", batch=b, policy="hybrimoe", gamma=0, tps=tps(i)) for i, b in enumerate((1, 2, 4))],
+            "records": cache + [record(f"ar{c}", policy="moespac:ablation=no-sd", gamma=0, cache=c, tps=tps(i))
+                                for i, c in enumerate((0.1, 0.5))]}
+
+
+def test_sweep_figures_from_records(tmp_path, record):
+    """Figures 5-7 from hand-made records (the workflow test switches these sweeps off to stay short), the
+    same bytes when drawn twice."""
+    from moespac.analysis.figures import FIGURES
+
+    groups = sweep_groups(record)
     for name in ("fig5_sensitivity", "fig6_batch", "fig7_draft_vs_cache"):
         png, pdf = FIGURES[name](groups, tmp_path / name)
         assert png.read_bytes()[:4] == b"\x89PNG" and pdf.read_bytes()[:4] == b"%PDF"
+        again, _ = FIGURES[name](groups, tmp_path / f"{name}-again")
+        assert again.read_bytes() == png.read_bytes()
+
+
+def build(name, groups):
+    """The figure NAME of `groups`, drawn (so that text has its extent) and left open."""
+    from moespac.analysis.figures import FIGURES
+
+    fig = FIGURES[name].build(groups)
+    fig.canvas.draw()
+    return fig
+
+
+@pytest.fixture
+def traces(tmp_path):
+    """Figure 4's groups as the workflow gives them: three short synthetic SD traces and their AR twins."""
+    from moespac.policy import Topology
+    from moespac.sim.synthetic import synthetic_trace
+
+    groups = {}
+    for name, gamma in (("sd", 4), ("ar", 0)):
+        for seed in range(3):
+            path = tmp_path / f"{name}{seed}.npz"
+            synthetic_trace(Topology(2, 8, 2), new_tokens=48, gamma=gamma, prompt_tokens=4, seed=seed).save(path)
+            groups.setdefault(name, []).append(str(path))
+    return groups
+
+
+def test_fig4_legend_covers_no_curve(traces):
+    import matplotlib.pyplot as plt
+
+    fig = build("fig4_hot_cold", traces)
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent()
+    assert len(ax.get_lines()) == 10  # 3 SD, 3 AR recency, 3 AR window, the paper's line
+    for line in ax.get_lines():
+        assert not legend.overlaps(line.get_window_extent()), line.get_label()
+    plt.close(fig)
+
+
+def shown_ticklabels(axis):
+    """The tick labels drawn: matplotlib also keeps those of ticks just outside the view."""
+    lo, hi = sorted(axis.get_view_interval())
+    return [t for x, t in zip(axis.get_majorticklocs(), axis.get_majorticklabels()) if lo <= x <= hi]
+
+
+def test_fig5_panels_text_does_not_overlap(record):
+    import matplotlib.pyplot as plt
+
+    fig = build("fig5_sensitivity", sweep_groups(record, tps=lambda i: 20.123 + 0.05 * i))
+    texts = list(fig.texts)  # the suptitle and the footnote
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label, *shown_ticklabels(ax.xaxis), *shown_ticklabels(ax.yaxis)]
+    # a few pixels apart, not merely not touching
+    boxes = [(t, t.get_window_extent().padded(3)) for t in texts if t.get_visible() and t.get_text()]
+    for i, (a, box) in enumerate(boxes):
+        for b, other in boxes[i + 1:]:
+            assert not box.overlaps(other), (a.get_text(), b.get_text())
+        for ax in fig.axes:  # nor over a neighbouring panel
+            if a.axes not in (None, ax):
+                assert not box.overlaps(ax.get_window_extent()), (a.get_text(), ax.get_title())
+    plt.close(fig)
+
+
+def test_fig6_ticks_at_the_batch_sizes_and_tps_per_request(record):
+    import matplotlib.pyplot as plt
+
+    fig = build("fig6_batch", sweep_groups(record))
+    (ax,) = fig.axes
+    assert ax.get_xticks().tolist() == [1, 2, 4]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
+    assert "per request" in ax.get_ylabel()
+    # the records' per-request mean as it is, not multiplied by the batch size
+    assert ax.get_lines()[0].get_ydata().tolist() == [10.0, 15.0, 20.0]
+    plt.close(fig)
+
+
+def test_rate_axes_start_at_zero_even_when_the_values_differ_by_half_a_percent(record):
+    import matplotlib.pyplot as plt
+
+    groups = sweep_groups(record, tps=lambda i: 20.0 * (1 + 0.005 * i))
+    for name in ("fig5_sensitivity", "fig6_batch", "fig7_draft_vs_cache"):
+        fig = build(name, groups)
+        for ax in fig.axes:
+            assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 20.2, (name, ax.get_title())
+        plt.close(fig)
+
+
+def colour(handle):
+    """The RGBA colour of a legend handle (a line, a marker collection or a bar)."""
+    from matplotlib.colors import to_rgba_array
+    from matplotlib.lines import Line2D
+
+    return tuple(to_rgba_array(handle.get_color() if isinstance(handle, Line2D) else handle.get_facecolor())[0])
+
+
+def test_every_paper_number_drawn_is_labelled_the_papers_with_its_setting(traces, record, tmp_path):
+    import json
+
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from moespac.analysis import style
+
+    over = tmp_path / "overhead.json"
+    over.write_text(json.dumps(dict(timing="measured", paper=dict(estimator_ms_per_step=0.063, state_kb=30),
+                                    metrics=dict(estimator_ms_per_step=0.01, tau_ms_per_generation=0.7, state_kb=30,
+                                                 shape=[48, 128, 8], gamma=8))))
+    b8 = [record(f"g{g}", gamma=g) for g in (2, 8)]
+    grey = to_rgba(style.PAPER_STYLE["color"])
+    for name, groups in (("fig4_hot_cold", traces), ("fig5_sensitivity", sweep_groups(record)),
+                         ("fig8_expert_reuse", {"records": b8}), ("fig_overhead", {"record": [str(over)]})):
+        fig = build(name, groups)
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        labels = [text.get_text() for leg in legends for handle, text in zip(leg.legend_handles, leg.get_texts())
+                  if colour(handle) == grey]  # the paper's numbers are drawn grey
+        assert labels, f"{name}: no paper artist"
+        for label in labels:
+            assert "paper" in label and "Qwen3-30B-A3B" in label, (name, label)
+        plt.close(fig)
 
 
 def test_table1_shows_skipped_wrapped_systems_as_skipped_with_the_reason_and_names_the_charged_draft():

@@ -1,11 +1,15 @@
 """The paper's figures from result records and activation traces (seaborn), each saved as PNG + PDF.
 
-Every figure builder takes {group name: [files]} and an output prefix. Axis titles carry the timing label
-and where the numbers come from (hardware profile, which model produced the trace); a panel without data
-says why instead of being left out.
+Every figure takes {group name: [files]} and an output prefix; FIGURE.build(groups) returns the open
+matplotlib Figure instead (tests inspect it). Axis titles carry the timing label and where the numbers come
+from (hardware profile, which model produced the trace); a panel without data says why instead of being left
+out. The paper's numbers are drawn grey and labelled style.paper_label; tokens/s and latency axes follow
+style.rate_axis (linear ones start at 0).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pandas as pd
@@ -19,6 +23,16 @@ from moespac.scheduler.estimator import UtilityEstimator
 from moespac.scheduler.metrics import hot_cold_accuracy, step_counts
 from moespac.scheduler.overhead import omega
 from moespac.trace import load_trace
+
+
+def _saved(build):
+    """NAME(groups, out) saves the Figure build(groups) draws as OUT.png + OUT.pdf; NAME.build is build."""
+    @functools.wraps(build)
+    def save(groups: dict, out):
+        return style.save(build(groups), out)
+
+    save.build = build
+    return save
 
 
 def _rows(groups: dict, name: str) -> pd.DataFrame:
@@ -44,7 +58,10 @@ def _lines(ax, rows: pd.DataFrame, x: str, xlabel: str, hue: str = "label") -> N
     data = rows.groupby([hue, x], as_index=False)["tps"].mean()
     sns.lineplot(data=data, x=x, y="tps", hue=hue, marker="o", ax=ax)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"TPS ({sorted(set(rows['timing']))[0] if rows['timing'].nunique() == 1 else 'mixed timing'})")
+    # records.py's tps is metrics.tokens_per_s (bench/harness.py summarize): the mean over requests of each
+    # request's decode tokens / the decode time of the batched call it ran in, i.e. per request, not per batch
+    timing = sorted(set(rows["timing"]))[0] if rows["timing"].nunique() == 1 else "mixed timing"
+    style.rate_axis(ax, f"TPS per request ({timing})")
     ax.legend(fontsize=7, title=None)
 
 
@@ -78,8 +95,9 @@ def recency_per_step(counts: np.ndarray) -> np.ndarray:
     return np.asarray(out)
 
 
-def fig4_hot_cold(groups: dict, out):
-    fig, (ax,) = style.figure(width=6.0, height=3.6)
+@_saved
+def fig4_hot_cold(groups: dict):
+    fig, (ax,) = style.figure(width=6.0, height=5.0)
     series = []
     for path in groups.get("sd", []):
         t = load_trace(path)
@@ -101,21 +119,23 @@ def fig4_hot_cold(groups: dict, out):
         ax.plot(np.arange(1, len(y) + 1), y, ls, label=f"{label}, mean {np.mean(y):.3f}", linewidth=1.2)
     paper = appendix_value("hot_cold_accuracy")
     if paper is not None and series:
-        ax.axhline(paper, **style.PAPER_STYLE, label=f"paper: ~{paper} (Qwen3-30B-A3B + Qwen3-4B-FP8)")
+        ax.axhline(paper, **style.PAPER_STYLE, label=style.paper_label(f"~{paper}"))
     ax.set_xlabel("decode step")
     ax.set_ylabel("hot/cold accuracy (tau = 1)")
     ax.set_ylim(0, 1.02)
     models = sorted({_model(load_trace(p)) for g in ("sd", "ar") for p in groups.get(g, [])})
     ax.set_title("Figure 4: online hot/cold prediction (measured traces)", fontsize=10)
-    ax.legend(fontsize=6, loc="lower right")
+    if series:  # below the axes: the curves span every step and most of the range, no corner is free
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     style.footnote(fig, f"Traces recorded by the real engine on {', '.join(models) or '?'}; accuracy per step averaged "
                    "over layers. Drafts differ in quality across benchmarks (their acceptance alpha).")
-    return style.save(fig, out)
+    return fig
 
 
 # ---- Figure 5: cache ratio, generation length, K ----------------------------------------------------------
 
-def fig5_sensitivity(groups: dict, out):
+@_saved
+def fig5_sensitivity(groups: dict):
     fig, axes = style.figure(ncols=3, width=4.2)
     cache, length, K = _rows(groups, "cache"), _rows(groups, "length"), _rows(groups, "K")
     _lines(axes[0], cache, "cache_ratio", "expert cache ratio")
@@ -125,32 +145,40 @@ def fig5_sensitivity(groups: dict, out):
         K["label"] = "MoE-SpAc"
     _lines(axes[2], K, "K", "utility bound K")
     if not K.empty:
-        axes[2].axvline(4, **style.PAPER_STYLE, label="paper's K = 4")
+        axes[2].axvline(4, **style.PAPER_STYLE, label=style.paper_label("its K = 4"))
         axes[2].legend(fontsize=7)
     for ax, name in zip(axes, ("expert cache ratio", "generation length", "utility bound K")):
         ax.set_title(name, fontsize=9)
-    fig.suptitle("Figure 5: sensitivity of MoE-SpAc", fontsize=10, y=1.02)
+    fig.suptitle("Figure 5: sensitivity of MoE-SpAc", fontsize=10)
     parts = [p for p in (cache, length, K) if not p.empty]
     style.footnote(fig, (f"Numbers: {_where(pd.concat(parts))}. " if parts else "") + "The paper sweeps generation "
                    "length 512-4096 on Qwen3-30B-A3B; the lengths here are those the configured traces recorded.")
-    return style.save(fig, out)
+    return fig
 
 
 # ---- Figure 6: batch size ------------------------------------------------------------------------------
 
-def fig6_batch(groups: dict, out):
+@_saved
+def fig6_batch(groups: dict):
     fig, (ax,) = style.figure()
     rows = _rows(groups, "batch")
     _lines(ax, rows, "batch_size", "batch size")
-    ax.set_title("Figure 6: TPS over batch size", fontsize=10)
+    ax.set_title("Figure 6: TPS per request over batch size", fontsize=10)
     if not rows.empty:
-        style.footnote(fig, f"Numbers: {_where(rows)}.")
-    return style.save(fig, out)
+        sizes = sorted({int(b) for b in rows["batch_size"]})
+        ax.set_xscale("log", base=2)  # batch sizes double: evenly spaced
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.minorticks_off()
+        style.footnote(fig, f"Numbers: {_where(rows)}. TPS per request: each request's decode tokens over the decode "
+                       "time of the batch it ran in, averaged over requests; the batch's aggregate TPS is about "
+                       "batch size x this.")
+    return fig
 
 
 # ---- Figure 7: TPS vs cache ratio with and without the draft ------------------------------------------
 
-def fig7_draft_vs_cache(groups: dict, out):
+@_saved
+def fig7_draft_vs_cache(groups: dict):
     fig, (ax,) = style.figure(width=5.2)
     rows = _rows(groups, "records")
     if not rows.empty:
@@ -162,19 +190,20 @@ def fig7_draft_vs_cache(groups: dict, out):
     if not rows.empty:
         style.footnote(fig, f"Numbers: {_where(rows)}. The paper's draft (Qwen3-4B-FP8) takes about {draft:.0%} of all "
                        "expert weights' memory: compare the SD curve at ratio r with the AR curve at r + that share.")
-    return style.save(fig, out)
+    return fig
 
 
 # ---- Figure 8: expert cost ratio a/b vs gamma ---------------------------------------------------------
 
-def fig8_expert_reuse(groups: dict, out):
+@_saved
+def fig8_expert_reuse(groups: dict):
     fig, axes = style.figure(ncols=2)
     rows = load_rows(groups.get("records", []))
     rows = rows[(rows["method"] == "moespac") & (rows["batch_size"] == 1)] if len(rows) else rows
     if rows.empty:
         for ax in axes:
             style.placeholder(ax, "no batch-1 MoE-SpAc records over draft lengths")
-        return style.save(fig, out)
+        return fig
     by = rows.groupby("gamma").agg(a_over_b=("a_over_b", "mean"), per_token=("a_over_b_per_token", "mean"),
                                    omega=("omega", "mean"), alpha=("alpha", "mean")).reset_index()
     ax = axes[0]
@@ -187,15 +216,20 @@ def fig8_expert_reuse(groups: dict, out):
     ax.legend(fontsize=6)
     ax = axes[1]
     ax.plot(by["gamma"], by["per_token"], "o-", label="ours: distinct / (tokens x top-k)")
-    paper_vals = [appendix_value("expert_cost_ratio_a_over_b", c) for c in ("CNN/DM", "MT-Bench", "GSM8K", "HumanEval")]
-    ax.scatter([8] * len(paper_vals), paper_vals, marker="D", color="0.35", label="paper, gamma = 8 (4 benchmarks)")
+    benches = ("CNN/DM", "MT-Bench", "GSM8K", "HumanEval")
+    paper_vals = [appendix_value("expert_cost_ratio_a_over_b", c) for c in benches]
+    ax.scatter([8] * len(paper_vals), paper_vals, marker="D", color=style.PAPER_COLOR,
+               label=style.paper_label("gamma = 8, App. A.1"))
+    for bench, v in zip(benches, paper_vals):
+        ax.annotate(bench, (8, v), xytext=(-5, 0), textcoords="offset points", ha="right", va="center", fontsize=6,
+                    color=style.PAPER_COLOR)
     ax.set_xlabel("draft length gamma")
     ax.set_ylabel("a/b per token")
     ax.legend(fontsize=6)
-    fig.suptitle("Figure 8: expert cost ratio a/b over the draft length", fontsize=10, y=1.03)
+    fig.suptitle("Figure 8: expert cost ratio a/b over the draft length", fontsize=10)
     style.footnote(fig, f"From the MoE-SpAc cells of Table 4 at batch 1: {_where(rows)}; "
                    f"{'; '.join(sorted(set(rows['source'])))[:160]}.")
-    return style.save(fig, out)
+    return fig
 
 
 # ---- Figure 9: activation-frequency heatmaps SD vs AR --------------------------------------------------
@@ -211,7 +245,8 @@ def _layer_counts(path, layer: int, max_steps: int = 64) -> tuple[np.ndarray, st
     return counts[:max_steps, layer, :].T, f"{_trace_label(t)}, {_model(t)}"
 
 
-def fig9_heatmaps(groups: dict, out):
+@_saved
+def fig9_heatmaps(groups: dict):
     import seaborn as sns
 
     layer = int((groups.get("layer") or ["0"])[0])
@@ -226,8 +261,8 @@ def fig9_heatmaps(groups: dict, out):
         ax.set_xlabel("step")
         ax.set_ylabel("expert")
         ax.set_title(f"{title}\nlayer {layer}; {what}", fontsize=8)
-    fig.suptitle("Figure 9: activation frequency across iterations (measured traces)", fontsize=10, y=1.04)
-    return style.save(fig, out)
+    fig.suptitle("Figure 9: activation frequency across iterations (measured traces)", fontsize=10)
+    return fig
 
 
 # ---- Figure 10: r_c, r_g vs tau; utility vs frequency ------------------------------------------------
@@ -259,7 +294,8 @@ def utility_curves(trace, K: int | None = None) -> tuple[pd.DataFrame, pd.DataFr
     return ratios, pd.concat(freq, ignore_index=True) if freq else pd.DataFrame(columns=["utility", "frequency"])
 
 
-def fig10_utility(groups: dict, out):
+@_saved
+def fig10_utility(groups: dict):
     import seaborn as sns
 
     fig, axes = style.figure(ncols=2)
@@ -267,12 +303,13 @@ def fig10_utility(groups: dict, out):
     if not files:
         for ax in axes:
             style.placeholder(ax, "no SD trace given")
-        return style.save(fig, out)
+        return fig
     t = load_trace(files[0])
     ratios, freq = utility_curves(t)
     ax = axes[0]
     ax.plot(ratios["tau"], 1 - ratios["r_c"], "o:", label="1 - r_c: activations on the device")
     ax.plot(ratios["tau"], ratios["r_g"], "s-", label="r_g: distinct activated experts on the device")
+    ax.set_xticks(ratios["tau"])  # tau is an integer level
     ax.set_xlabel("threshold tau")
     ax.set_ylabel("share")
     ax.set_ylim(0, 1.02)
@@ -281,36 +318,39 @@ def fig10_utility(groups: dict, out):
     sns.barplot(data=freq, x="utility", y="frequency", ax=axes[1], color=sns.color_palette()[0], errorbar="sd")
     axes[1].set_title("(b) next-step activation frequency per utility level", fontsize=9)
     fig.suptitle(f"Figure 10: utility and threshold on a measured trace ({_trace_label(t)}, {_model(t)})", fontsize=9)
-    return style.save(fig, out)
+    return fig
 
 
 # ---- Section 3.4: runtime overhead ---------------------------------------------------------------------
 
-def fig_overhead(groups: dict, out):
+@_saved
+def fig_overhead(groups: dict):
     import json
 
     fig, (ax,) = style.figure(width=5.6)
     files = groups.get("record", [])
     if not files:
         style.placeholder(ax, "no overhead record")
-        return style.save(fig, out)
+        return fig
     rec = json.loads(open(files[0]).read())
     m, paper = rec["metrics"], rec.get("paper", {})
     items = [("estimator update\n(ms / step)", m["estimator_ms_per_step"], paper.get("estimator_ms_per_step")),
              ("tau selection\n(ms / 512 tokens)", m["tau_ms_per_generation"], paper.get("tau_ms_per_generation")),
              ("estimator state\n(KB)", m["state_kb"], paper.get("state_kb"))]
-    data = pd.DataFrame([dict(what=w, source=f"ours ({rec['timing']}, this CPU)", value=v) for w, v, _ in items]
-                        + [dict(what=w, source="paper (its machine)", value=p) for w, _, p in items if p is not None])
+    ours, theirs = f"ours ({rec['timing']}, this CPU)", style.paper_label("Sec. 3.4", "Qwen3-30B-A3B, its machine")
+    data = pd.DataFrame([dict(what=w, source=ours, value=v) for w, v, _ in items]
+                        + [dict(what=w, source=theirs, value=p) for w, _, p in items if p is not None])
     import seaborn as sns
 
-    sns.barplot(data=data, x="what", y="value", hue="source", ax=ax)
-    ax.set_yscale("log")
+    sns.barplot(data=data, x="what", y="value", hue="source", ax=ax,
+                palette={ours: sns.color_palette()[0], theirs: style.PAPER_COLOR})
+    ax.set_yscale("log")  # the three quantities lie decades apart
     ax.set_xlabel("")
-    ax.set_ylabel("value (log scale)")
+    style.rate_axis(ax, "value")
     L, E, k = m["shape"]
     ax.set_title(f"Section 3.4: MoE-SpAc scheduler overhead at {L}x{E} top-{k}, gamma {m['gamma']}", fontsize=9)
     ax.legend(fontsize=7)
-    return style.save(fig, out)
+    return fig
 
 
 FIGURES = {"fig4_hot_cold": fig4_hot_cold, "fig5_sensitivity": fig5_sensitivity, "fig6_batch": fig6_batch,

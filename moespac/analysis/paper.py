@@ -16,6 +16,13 @@ TABLE3_MODELS = {"DeepSeek-V2-Lite (16B)": "deepseek-v2-lite", "GLM-4.5-Air (106
 TABLE3_HARDWARE = {"RTX 4090": "rtx4090-pcie4", "A100-80GB": "a100-80gb-pcie4"}
 
 
+# where the paper's numbers were measured (its Section 4.1 and Table 3): a reader must not read them as this
+# machine's or this model's
+SETTING = "RTX 4090 + PCIe 4.0, Qwen3-30B-A3B with a Qwen3-4B-FP8 draft"
+SETUP = f"the paper's own run ({SETTING})"
+TABLE3_SETUP = "the paper's own runs: each row's GPU (RTX 4090 or A100-80GB) and model, drafted by quantized variants"
+
+
 def squash(label: str) -> str:
     """'llama.cpp (w/ SD)' and 'llama.cpp-w/ SD' compare equal."""
     return re.sub(r"[^a-z0-9]", "", label.lower())

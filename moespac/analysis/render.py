@@ -1,8 +1,11 @@
-"""Writing a table three ways: CSV (long form, every cell with its timing label), Markdown and LaTeX (wide)."""
+"""Writing a table four ways: CSV (long form, every cell with its timing label), and Markdown, LaTeX and HTML
+(wide, readable; the HTML is what the Snakemake report embeds)."""
 
 from __future__ import annotations
 
+import html as _html
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,11 +79,41 @@ def latex(title: str, blocks: list[Block]) -> str:
     return "\n".join(out)
 
 
+def _inline(text: str) -> str:
+    """Escaped text with the Markdown emphasis our tables use (**bold**, *italic*, `code`) as HTML."""
+    out = _html.escape(text, quote=False)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    out = re.sub(r"(?<![*\w])\*(?!\s)(.+?)(?<!\s)\*(?![*\w])", r"<i>\1</i>", out)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
+
+
+_CSS = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:0.5em 0 "
+        "0.4em}caption{caption-side:top;text-align:left;font-weight:600;padding:0.3em 0}th,td{border:1px solid #ccc;"
+        "padding:0.25em 0.5em;white-space:nowrap}td:not(:first-child){text-align:right}th{background:#f3f3f3}"
+        "tr:nth-child(even) td{background:#fafafa}ul{margin-top:0.2em;color:#444;font-size:0.92em}")
+
+
+def html(title: str, blocks: list[Block], intro: list[str] = ()) -> str:
+    """A standalone page: the title, the intro and legend, each block as a captioned table with its notes."""
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{_html.escape(title)}</title>",
+           f"<style>{_CSS}</style></head><body>", f"<h1>{_html.escape(title)}</h1>"]
+    out += [f"<p>{_inline(p)}</p>" for p in [*intro, LEGEND] if p]
+    for b in blocks:
+        out += ["<table>", f"<caption>{_inline(b.title)}</caption>",
+                "<thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in b.columns) + "</tr></thead>", "<tbody>"]
+        out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in b.rows]
+        out += ["</tbody></table>"]
+        if b.notes:
+            out += ["<ul>"] + [f"<li>{_inline(n)}</li>" for n in b.notes] + ["</ul>"]
+    return "\n".join(out + ["</body></html>"]) + "\n"
+
+
 def write_table(prefix, title: str, long: pd.DataFrame, blocks: list[Block], intro: list[str] = ()) -> list[Path]:
-    """PREFIX.csv (long form), PREFIX.md and PREFIX.tex, each written atomically."""
+    """PREFIX.csv (long form), PREFIX.md, PREFIX.tex and PREFIX.html, each written atomically."""
     prefix = Path(prefix)
-    paths = [prefix.with_suffix(".csv"), prefix.with_suffix(".md"), prefix.with_suffix(".tex")]
-    texts = [long.to_csv(index=False), markdown(title, blocks, list(intro)), latex(title, blocks)]
+    paths = [prefix.with_suffix(ext) for ext in (".csv", ".md", ".tex", ".html")]
+    texts = [long.to_csv(index=False), markdown(title, blocks, list(intro)), latex(title, blocks),
+             html(title, blocks, list(intro))]
     for path, text in zip(paths, texts):
         write_text(path, text)
     return paths

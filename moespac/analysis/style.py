@@ -11,9 +11,12 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from moespac.analysis.paper import SETTING  # noqa: E402
 from moespac.atomic import atomic_path  # noqa: E402
 
-PAPER_STYLE = dict(color="0.35", linestyle="--", linewidth=1.2)
+PAPER_COLOR = "0.35"  # the paper's numbers are grey in every figure, ours in the palette's colours
+PAPER_STYLE = dict(color=PAPER_COLOR, linestyle="--", linewidth=1.2)
+PAPER_SETUP = SETTING  # the paper's Sec. 4.1 setting, not ours
 TIMING_NOTE = {"measured": "measured on this machine", "simulated": "simulated", "wrapped": "wrapped (as shipped)"}
 
 
@@ -24,7 +27,8 @@ def setup() -> None:
 
 def figure(ncols: int = 1, width: float = 4.6, height: float = 3.4):
     setup()
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    # constrained layout keeps neighbouring panels' labels, titles and outside legends apart
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False, layout="constrained")
     return fig, list(axes[0])
 
 
@@ -50,3 +54,20 @@ def placeholder(ax, message: str) -> None:
 
 def footnote(fig, text: str) -> None:
     fig.text(0.01, -0.02, text, fontsize=7, color="0.3", ha="left", va="top", wrap=True)
+
+
+def paper_label(what: str, setup: str = PAPER_SETUP) -> str:
+    """The label of every artist that draws one of the paper's numbers: whose it is and on what it was run."""
+    return f"paper: {what} ({setup})"
+
+
+def rate_axis(ax, label: str) -> None:
+    """The one y-range rule of every tokens/s or latency axis: a linear one starts at 0, so that heights are
+    proportional to the values and a 0.5 % change is drawn as 0.5 %, not as a cliff; a log one (values over
+    decades) says so. Call it after plotting: it fixes the range."""
+    if ax.get_yscale() == "log":
+        ax.set_ylabel(f"{label}, log scale")
+    else:
+        ax.set_ylabel(label)
+        top = ax.dataLim.y1  # the highest value drawn, plus the usual margin
+        ax.set_ylim(0, 1.05 * top if top > 0 else 1)

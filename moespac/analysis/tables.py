@@ -22,8 +22,15 @@ from moespac.study import TABLE2_LABELS
 BLOCK_ORDER = {"simulated": 0, "measured": 1, "wrapped": 2}
 
 
-def display(benchmark: str) -> str:
-    return "Average" if benchmark == "average" else get_benchmark(benchmark).display
+def display(benchmark: str, rows: pd.DataFrame | None = None) -> str:
+    """The paper's column name; '(proxy)' after it where the block's prompts are a proxy set (offline MMLU-Pro,
+    Alpaca, CNN/DM), so a column beside the paper's never passes for the benchmark itself."""
+    if benchmark == "average":
+        return "Average"
+    name = get_benchmark(benchmark).display
+    if rows is not None and rows.loc[rows["benchmark"] == benchmark, "proxy_prompts"].fillna(False).astype(bool).any():
+        return f"{name} (proxy)"
+    return name
 
 
 def blocks_of(rows: pd.DataFrame):
@@ -32,10 +39,29 @@ def blocks_of(rows: pd.DataFrame):
     return sorted(keys, key=lambda k: (BLOCK_ORDER.get(k.timing, 9), str(k.hardware), str(k.model)))
 
 
-def block_title(timing: str, hardware, model, rows: pd.DataFrame) -> str:
-    sources = list(dict.fromkeys(part for s in rows["source"].dropna() for part in str(s).split("; ")))
-    src = f"; {'; '.join(sources)}" if len(sources) <= 3 else ""
-    return f"{timing} on {hardware} — model: {model}{src}"
+def _source_words(source: str) -> str | None:
+    """A row's source as a block header says it: which rows the draft serves; nothing for 'no draft'."""
+    if source == "no draft":
+        return None
+    if source.startswith("draft cost of "):
+        return f"SD rows charged the draft cost of {source.removeprefix('draft cost of ')}"
+    if source.startswith("draft "):
+        return f"SD rows draft with {source.removeprefix('draft ')}"
+    return source
+
+
+def block_title(timing: str, hardware, model, rows: pd.DataFrame, beside_paper: bool | None = None) -> str:
+    """'TIMING on HARDWARE — model: ...; sources', and, where paper numbers sit beside ours (default: where the
+    rows have any), where those ran."""
+    parts = dict.fromkeys(w for s in rows["source"].dropna() for part in str(s).split("; ")
+                          if (w := _source_words(part)))
+    src = f"; {'; '.join(parts)}" if len(parts) <= 3 else ""
+    title = f"{timing} on {hardware} — model: {model}{src}"
+    if beside_paper is None:
+        beside_paper = any(rows[c].notna().any() for c in ("paper_tps", "paper_latency_s") if c in rows)
+    if beside_paper:
+        title += f" — (paper N) = {paper.SETUP}, not this hardware nor this model: compare directions, not values"
+    return title
 
 
 def _pivot(rows: pd.DataFrame, value: str, index: str, columns: str) -> pd.DataFrame:
@@ -92,7 +118,7 @@ def table1(rows: pd.DataFrame, benchmarks: list[str] | None = None):
                 body.append(["Rel. Imprv. (MoE-SpAc vs the best Table 1 baseline here)"] +
                             [_pct(o, key.timing, p) for o, p in zip(imp, paper_imp)])
             blocks.append(Block(f"{unit}, {block_title(key.timing, key.hardware, key.model, part)}",
-                                ["Method"] + [display(b) for b in cols] + ["Average"], body,
+                                ["Method"] + [display(b, part) for b in cols] + ["Average"], body,
                                 notes=_notes(part)))
     return pd.concat(long, ignore_index=True), blocks
 
@@ -151,8 +177,10 @@ def table2(rows: pd.DataFrame):
                 r.append(cell(tps.loc[label, b], key.timing, paper.lookup(ref, "tps", method=label, benchmark=b)) + delta)
                 r.append(cell(lat.loc[label, b], key.timing, paper.lookup(ref, "latency_s", method=label, benchmark=b)))
             body.append(r)
-        columns = ["Variant"] + [f"{display(b)} {u}" for b in cols for u in ("TPS", "latency (s)")]
-        blocks.append(Block(block_title(key.timing, key.hardware, key.model, part), columns, body, _notes(part)))
+        columns = ["Variant"] + [f"{display(b, part)} {u}" for b in cols for u in ("TPS", "latency (s)")]
+        notes = ["+x % after a variant's TPS: its TPS over the full MoE-SpAc's in this block, minus 1 (ours; "
+                 "positive = the variant without that component is faster here)"] + _notes(part)
+        blocks.append(Block(block_title(key.timing, key.hardware, key.model, part), columns, body, notes))
     return rows.assign(table="table2"), blocks
 
 
@@ -182,8 +210,10 @@ def table3(rows: pd.DataFrame):
         if timing == "simulated":
             notes.append("the paper drafted these models with unnamed \"quantized variants\"; the draft charged "
                          "above stands in for them (workflows/config: table3.models[].draft_spec)")
-        blocks.append(Block(f"TPS, {timing}", ["Hardware", "Model", "Method"] + [display(b) for b in cols], body,
-                            notes=notes))
+        beside = f" — (paper N) = {paper.TABLE3_SETUP}, not this trace: compare directions, not values" \
+            if part["paper_tps"].notna().any() else ""
+        blocks.append(Block(f"TPS, {timing}{beside}", ["Hardware", "Model", "Method"] + [display(b, part) for b in cols],
+                            body, notes=notes))
     return rows.assign(table="table3"), blocks
 
 
@@ -260,7 +290,8 @@ def appendix_a1(rows: pd.DataFrame):
             body.append(r)
         notes = ["alpha, Omega and a/b come from the trace (the same for every timing of one trace); the paper "
                  "reports a/b in 0.23-0.76, which matches the per-token reading, not distinct/top-k (>= 1)"]
-        blocks.append(Block(block_title(key.timing, key.hardware, key.model, part), ["Metric"] + [display(b) for b in cols],
+        blocks.append(Block(block_title(key.timing, key.hardware, key.model, part, beside_paper=True),
+                            ["Metric"] + [display(b, part) for b in cols],
                             body, notes))
     return pd.DataFrame(long), blocks
 

@@ -470,7 +470,7 @@ def figure_names():
 
 def final_paper_outputs():
     out = expand(
-        "paper_figs/{table}.{ext}", table=table_names(), ext=["csv", "md", "tex"]
+        "paper_figs/{table}.{ext}", table=table_names(), ext=["csv", "md", "tex", "html"]
     )
     out += expand(
         "paper_figs/{figure}.{ext}", figure=figure_names(), ext=["png", "pdf"]
