@@ -8,7 +8,7 @@ min_version("9.0")
 
 
 # the embedded default; `--configfile X` is merged over it (mappings merge, lists and values replace)
-configfile: f"{workflow.basedir}/workflows/config/default.yaml"
+configfile: f"{workflow.current_basedir}/workflows/config/default.yaml"  # this file's folder, also when included
 
 
 report: "workflows/report/workflow.rst"
