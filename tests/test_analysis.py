@@ -125,6 +125,57 @@ def test_the_html_table_is_the_markdown_tables_content_escaped(tmp_path):
     assert "<b>measured</b>" in page and "&lt;x&gt;" in page and page.count("<table>") == 1
 
 
+def test_audit_sets_moespac_against_the_best_baseline_and_the_ablations_direction(tmp_path):
+    """Every timing block of the audit says MoE-SpAc against the best baseline of that block (not only against
+    the paper's strongest), which rows beat it, and whether the ablations are slower as the paper claims."""
+    df = rows(("simulated", "moespac", "gsm8k", 20.0, 1.0), ("simulated", "llamacpp-sd", "gsm8k", 16.0, 2.0),
+              ("simulated", "hybrimoe", "gsm8k", 25.0, 1.0), ("simulated", "oracle-sd", "gsm8k", 40.0, 1.0))
+    long, _ = tables.table1(df, ["gsm8k"])
+    long.to_csv(tmp_path / "t1.csv", index=False)
+    lines = audit.our_comparison(tmp_path / "t1.csv")
+    assert "MoE-SpAc over llama.cpp-w/ SD +25.0 % (paper +41.9 %): supports the claim's direction" in lines[0]
+    assert ("MoE-SpAc against the best baseline here, HybriMoE (25.00 TPS), -20.0 %" in lines[1]
+            and "does not support it; faster than MoE-SpAc here: HybriMoE" in lines[1])  # the oracle is no baseline
+    t2 = rows(("simulated", "moespac", "gsm8k", 20.0, 1.0), ("simulated", "moespac-no-adabc", "gsm8k", 22.0, 1.0),
+              ("simulated", "moespac-no-hetwb", "gsm8k", 18.0, 1.0), ("simulated", "moespac-released", "gsm8k", 30.0, 1.0))
+    long2, _ = tables.table2(t2)
+    long2.to_csv(tmp_path / "t2.csv", index=False)
+    [line] = audit.ablation_comparison(tmp_path / "t2.csv")
+    assert "w/o HetWB -10.0 %, w/o AdaBC +10.0 %" in line and "released" not in line  # a variant, not an ablation
+    assert line.endswith("does not support it: 1 of 2 variants are faster than the full system")
+    page = audit.render(tmp_path / "t1.csv", tmp_path / "t2.csv")
+    assert "From paper_figs/table2.csv (the ablations)" in page and line in page
+
+
+def test_a_row_that_is_not_its_system_says_so(tmp_path):
+    """The engine running llama.cpp's placement is not llama.cpp (M rows say so); Accelerate on a machine without
+    a GPU offloads nothing (its W row says so); the released-code MoE-SpAc is a row of its own."""
+    from baselines.wrapped._common import wrapped_record
+    from moespac.analysis.records import wrapped_row
+
+    df = rows(("measured", "moespac", "gsm8k", 3.0, 9.0), ("measured", "llamacpp-sd", "gsm8k", 2.0, 9.0),
+              ("measured", "moespac-released", "gsm8k", 2.5, 9.0))
+    df["note"] = [None, "this engine running its policy", None]
+    _, blocks = tables.table1(df, ["gsm8k"])
+    names = [r[0] for r in blocks[0].rows]
+    assert names[:3] == ["MoE-SpAc", "llama.cpp-w/ SD (this engine running its policy)", "MoE-SpAc (released code)"]
+    requests = [dict(id="gsm8k/1", new_tokens=8, decode_s=0.5, prefill_s=0.1, decode_tokens_per_s=14.0,
+                     latency_s=0.6, prompt_tokens=12)]
+    rec = wrapped_record("accelerate", dict(system="accelerate", model_pair=str(tmp_path), benchmark="gsm8k"), requests,
+                         placement=dict(offloaded=False))
+    assert wrapped_row(rec)["note"] == "nothing offloaded: no GPU"
+    assert wrapped_row(dict(rec, placement=dict(offloaded=True)))["note"] is None
+    import json
+    from pathlib import Path
+
+    from moespac.analysis.records import ENGINE_NOTE, bench_row
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "record_simulated.json").read_text())
+    for policy, note in (("llamacpp-sd", ENGINE_NOTE), ("moespac", None)):
+        measured = dict(fixture, timing="measured", config=dict(fixture["config"], policy=policy))
+        assert bench_row(measured)["note"] == note and bench_row(dict(measured, timing="simulated"))["note"] is None
+
+
 def test_cells_and_latex():
     assert cell(1.5, "wrapped", 2.0) == "1.50 W (paper 2.00)"
     assert cell(float("nan"), "simulated", 2.0) == "– (paper 2.00)"

@@ -17,6 +17,13 @@ def test_more_local_routing_means_fewer_distinct_experts_and_more_moespac_hits()
     assert peaked["methods"]["moespac"]["hit_rate"] > flat["methods"]["moespac"]["hit_rate"] + 0.2
     r = ratio_to_best_other(peaked)
     assert r == peaked["methods"]["moespac"]["tokens_per_s"] / peaked["methods"]["llamacpp"]["tokens_per_s"]
+    # the long-form CSV like every table's: one row per trace and method, the same numbers, its timing label
+    from moespac.analysis.whatif import locality_frame
+
+    frame = locality_frame(record)
+    assert len(frame) == 4 and set(frame["timing"]) == {"simulated"} and set(frame["label"]) == {"MoE-SpAc", "llama.cpp"}
+    got = frame.set_index(["trace", "method"])["tps"].to_dict()
+    assert got == {(row["trace"], m): v["tokens_per_s"] for row in record["metrics"]["rows"] for m, v in row["methods"].items()}
 
 
 @pytest.mark.parametrize("options, key", [(dict(skews=()), "skews"), (dict(skews=(-1.0,)), "skews"),

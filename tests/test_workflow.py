@@ -174,6 +174,8 @@ def test_tiny_study_end_to_end(tiny_study):
     assert (figs / "whatif_locality.png").read_bytes()[:4] == b"\x89PNG" and (figs / "whatif_locality.pdf").exists()
     whatif = (figs / "whatif_locality.md").read_text()
     assert "(timing: simulated)" in whatif and "| gsm8k (recorded) |" in whatif
+    whatif_csv = pd.read_csv(figs / "whatif_locality.csv")
+    assert set(whatif_csv["timing"]) == {"simulated"} and whatif_csv["recorded"].any()
     assert "does not re-derive" in (figs / "audit.md").read_text()
 
     # every Table 1 cell carries its timing label and the model that produced it; nothing simulated says measured

@@ -25,7 +25,9 @@ WRAPPED_LABELS = {"moespac-release": "MoE-SpAc (authors' release)"}
 COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "speculative", "gamma", "batch_size",
            "max_new_tokens", "cache_ratio", "proxy_prompts", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
            "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
-           "skipped", "skip_reason", "draft_charged", "config_hash"]
+           "skipped", "skip_reason", "draft_charged", "note", "config_hash"]
+# a measured row of a baseline is our engine running that system's policy, not the system itself (that is a W row)
+ENGINE_NOTE = "this engine running its policy"
 
 
 # the wrapped record's metrics that are the table's TPS and latency (MLflow logs them under the table's names)
@@ -131,7 +133,8 @@ def bench_row(rec: dict) -> dict:
         hit_rate=_num(m.get("hit_rate")),
         host_share=_num(m.get("host_share")), a_over_b=_num(cost.get("a_over_b")),
         a_over_b_per_token=_num(cost.get("per_token")), hot_cold_accuracy=_num(m.get("hot_cold_accuracy")),
-        requests=m.get("requests"), skipped=False, skip_reason=None, draft_charged=draft_charged)
+        requests=m.get("requests"), skipped=False, skip_reason=None, draft_charged=draft_charged,
+        note=ENGINE_NOTE if rec["timing"] == "measured" and not c["policy"].startswith("moespac") else None)
 
 
 def wrapped_row(rec: dict) -> dict:
@@ -153,7 +156,8 @@ def wrapped_row(rec: dict) -> dict:
         latency_s=_num(m.get(WRAPPED_METRICS["latency_s"])),
         acceptance_rate=_num(m.get("acceptance_rate")), alpha=None, omega=None, hit_rate=None, host_share=None, a_over_b=None,
         a_over_b_per_token=None, hot_cold_accuracy=None, requests=m.get("requests"),
-        skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"), draft_charged=None)
+        skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"), draft_charged=None,
+        note="nothing offloaded: no GPU" if (rec.get("placement") or {}).get("offloaded") is False else None)
 
 
 def _offline_proxy(benchmark) -> bool:

@@ -64,6 +64,13 @@ def block_title(timing: str, hardware, model, rows: pd.DataFrame, beside_paper: 
     return title
 
 
+def shown(part: pd.DataFrame, label: str) -> str:
+    """A row's name in a table: its label, and what the row is where that is not the label's system itself
+    (records.ENGINE_NOTE, a wrapped system that offloaded nothing)."""
+    notes = part.loc[part["label"] == label, "note"].dropna()
+    return f"{label} ({notes.iloc[0]})" if len(notes) else label
+
+
 def _pivot(rows: pd.DataFrame, value: str, index: str, columns: str) -> pd.DataFrame:
     return rows.pivot_table(index=index, columns=columns, values=value, aggfunc="mean", dropna=False)
 
@@ -100,7 +107,7 @@ def table1(rows: pd.DataFrame, benchmarks: list[str] | None = None):
             avg = wide.mean(axis=1).where(complete)
             body = []
             for label in labels:
-                r = [label] + ["skipped" if (label, b) in skipped else
+                r = [shown(part, label)] + ["skipped" if (label, b) in skipped else
                                cell(wide.loc[label, b], key.timing, paper.lookup(ref, paper_col, method=label, benchmark=b))
                                for b in cols]
                 r.append("skipped" if all((label, b) in skipped for b in cols) else
@@ -171,7 +178,7 @@ def table2(rows: pd.DataFrame):
         full = tps.loc["MoE-SpAc (Full)"] if "MoE-SpAc (Full)" in tps.index else None
         body = []
         for label in labels:
-            r = [label]
+            r = [shown(part, label)]
             for b in cols:
                 delta = "" if full is None or label == "MoE-SpAc (Full)" else f", {100 * (tps.loc[label, b] / full[b] - 1):+.1f}%"
                 r.append(cell(tps.loc[label, b], key.timing, paper.lookup(ref, "tps", method=label, benchmark=b)) + delta)
@@ -200,7 +207,7 @@ def table3(rows: pd.DataFrame):
         for (hw, spec), grp in part.groupby(["hardware", "spec"], sort=False):
             tps = _pivot(grp, "tps", "label", "benchmark").reindex(columns=cols)
             for label in dict.fromkeys(grp["label"]):
-                body.append([str(hw), spec, label] + [
+                body.append([str(hw), spec, shown(grp, label)] + [
                     cell(tps.loc[label, b], timing, paper.lookup(ref, "tps", spec=spec, method=label, benchmark=b, profile=hw))
                     for b in cols])
             imp = [relative_improvement(tps[b]) for b in cols]

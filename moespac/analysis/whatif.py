@@ -1,9 +1,22 @@
-"""The routing-locality what-if (moespac/sim/whatif.py) as a Markdown table and a figure."""
+"""The routing-locality what-if (moespac/sim/whatif.py) as a long-form CSV, a Markdown table and a figure."""
 
 from __future__ import annotations
 
+import pandas as pd
+
 from moespac.sim.whatif import ratio_to_best_other
 from moespac.study import get_method
+
+
+def locality_frame(record: dict) -> pd.DataFrame:
+    """One row per trace and method, with its timing label and setting, like every table's CSV."""
+    cfg, m = record["config"], record["metrics"]
+    rows = [dict(table="whatif_locality", timing="simulated", hardware=cfg["hardware"], model_spec=cfg["model_spec"],
+                 draft_spec=cfg["draft_spec"], cache_ratio=cfg["cache_ratio"], trace=r["trace"], recorded=r["recorded"],
+                 distinct_experts_per_step=r["distinct"], method=slug, label=get_method(slug).label,
+                 tps=r["methods"][slug]["tokens_per_s"], hit_rate=r["methods"][slug].get("hit_rate"))
+            for r in m["rows"] for slug in cfg["methods"] if slug in r["methods"]]
+    return pd.DataFrame(rows)
 
 
 def render_locality(record: dict) -> str:
@@ -30,6 +43,7 @@ def render_locality(record: dict) -> str:
 
 
 def plot_locality(record: dict, prefix) -> list:
+    from moespac.analysis import style
     from moespac.analysis.style import figure, save
 
     cfg, m = record["config"], record["metrics"]
@@ -47,7 +61,7 @@ def plot_locality(record: dict, prefix) -> list:
     ax.axvline(m["uniform_distinct"], color="0.5", linestyle=":", linewidth=1)
     ax.set_xlabel(f"distinct experts per layer in a {cfg['gamma'] + 1}-token step "
                   f"(uniform routing: {m['uniform_distinct']:.0f})")
-    ax.set_ylabel("tokens/s (simulated)")
+    style.rate_axis(ax, "tokens/s (simulated)")
     ax.set_title(f"{cfg['model_spec']} on {cfg['hardware']}, cache {cfg['cache_ratio']:g}; "
                  f"lines: synthetic, stars: recorded", fontsize=9)
     ax.legend(fontsize=7, ncol=2)

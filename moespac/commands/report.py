@@ -30,6 +30,7 @@ def register(sub) -> None:
 
     a = rsub.add_parser("audit", help="which of the paper's headline claims re-derive from its own tables")
     a.add_argument("--table1", default=None, help="our paper_figs/table1.csv, to compare our numbers with each claim")
+    a.add_argument("--table2", default=None, help="our paper_figs/table2.csv, to compare our ablations with the claim")
     a.add_argument("--out", required=True, help="Markdown file")
     a.set_defaults(func=run_audit)
 
@@ -86,7 +87,7 @@ def run_figure(args) -> int:
 def run_audit(args) -> int:
     from moespac.analysis.audit import write_audit
 
-    write_audit(args.out, args.table1)
+    write_audit(args.out, args.table1, args.table2)
     print(f"wrote {args.out}")
     return 0
 
@@ -113,7 +114,7 @@ def run_whatif_locality(args) -> int:
 
     from tqdm import tqdm
 
-    from moespac.analysis.whatif import plot_locality, render_locality
+    from moespac.analysis.whatif import locality_frame, plot_locality, render_locality
     from moespac.atomic import write_text
     from moespac.bench.records import write_result
     from moespac.sim.whatif import LocalitySweep, run_locality_sweep
@@ -136,7 +137,8 @@ def run_whatif_locality(args) -> int:
     write_result(args.json, record)
     md = render_locality(record)
     write_text(f"{args.out}.md", md)
-    paths = [args.json, f"{args.out}.md"] + [str(p) for p in plot_locality(record, args.out)]
+    write_text(f"{args.out}.csv", locality_frame(record).to_csv(index=False))
+    paths = [args.json, f"{args.out}.csv", f"{args.out}.md"] + [str(p) for p in plot_locality(record, args.out)]
     print(md)
     print("wrote " + ", ".join(map(str, paths)))
     return 0

@@ -468,6 +468,18 @@ def figure_names():
     return names
 
 
+def get_audit_tables(wildcards):
+    """The tables the audit compares with the paper's claims: Table 1, and Table 2 when it runs."""
+    tables = {"table1": "paper_figs/table1.csv"}
+    if active("table2"):
+        tables["table2"] = "paper_figs/table2.csv"
+    return tables
+
+
+def get_audit_args(wildcards, input):
+    return " ".join(f"--{name} {quote(path)}" for name, path in input.items())
+
+
 def final_paper_outputs():
     out = expand(
         "paper_figs/{table}.{ext}", table=table_names(), ext=["csv", "md", "tex", "html"]
@@ -476,7 +488,7 @@ def final_paper_outputs():
         "paper_figs/{figure}.{ext}", figure=figure_names(), ext=["png", "pdf"]
     )
     if WHATIF["activate"]:
-        out += expand("paper_figs/whatif_locality.{ext}", ext=["md", "png", "pdf"])
+        out += expand("paper_figs/whatif_locality.{ext}", ext=["csv", "md", "png", "pdf"])
     return out + ["paper_figs/audit.md"]
 
 

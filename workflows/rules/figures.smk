@@ -47,6 +47,7 @@ rule whatif_locality:
         unpack(get_whatif_traces),
     output:
         record="results/whatif/locality.json",
+        csv="paper_figs/whatif_locality.csv",
         md="paper_figs/whatif_locality.md",
         png=report(
             "paper_figs/whatif_locality.png",

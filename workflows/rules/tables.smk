@@ -59,12 +59,14 @@ rule table6:
 
 rule audit:
     input:
-        table1="paper_figs/table1.csv",
+        unpack(get_audit_tables),
     output:
         report("paper_figs/audit.md", caption="../report/audit.rst", category="Audit"),
     log:
         "results/logs/audit/audit.log",
+    params:
+        tables=get_audit_args,
     conda:
         "../envs/moespac.yaml"
     shell:
-        "moespac report audit --table1 {input.table1} --out {output} > {log} 2>&1"
+        "moespac report audit {params.tables} --out {output} > {log} 2>&1"
