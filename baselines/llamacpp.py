@@ -8,7 +8,8 @@ with gamma + 1 <= 31) run host experts on the CPU. MoE-SpAc Table 1 rows "llama.
 `llamacpp-sd` is the same placement and differs only in the decoding loop (draft `-md`, `--draft-max`).
 
 N defaults to the smallest value whose device layers fit the cache: L - capacity // E (whole layers, as
-`-ot` moves whole tensors; leftover slots stay unused). Not modelled: for batches of >= 32 tokens
+`-ot` moves whole tensors; leftover slots stay unused). `cpu_moe=true` is `--cpu-moe` (`-ot exps=CPU`):
+N = L, no expert on the GPU, the placement the paper most likely ran (it names no flag). Not modelled: for batches of >= 32 tokens
 (prefill) llama.cpp copies the host layer's weights to the GPU for that op; here those experts run on the
 host (the interface has no temporary copy outside the cache).
 """
@@ -27,16 +28,20 @@ class LlamaCpp(Policy):
     requires = ()
     source = "ggml-org/llama.cpp --n-cpu-moe (PR #15077, b6089); MoE-SpAc Table 1"
 
-    def __init__(self, n_cpu_moe: int | None = None):
+    def __init__(self, n_cpu_moe: int | None = None, cpu_moe: bool = False):
         if n_cpu_moe is not None and n_cpu_moe < 0:
             raise MoespacError(f"policy {self.name!r}: n_cpu_moe must be >= 0, got {n_cpu_moe}")
+        if cpu_moe and n_cpu_moe is not None:
+            raise MoespacError(f"policy {self.name!r}: give cpu_moe (every layer) or n_cpu_moe, not both")
         self.n_cpu_moe = n_cpu_moe
         """Layers whose experts stay on the host (from layer 0); default: as few as the cache allows."""
+        self.cpu_moe = bool(cpu_moe)
+        """--cpu-moe / -ot exps=CPU: every layer's experts on the host."""
 
     def reset(self, ctx: PolicyContext):
         super().reset(ctx)
         L, E = ctx.topology.num_layers, ctx.topology.num_experts
-        n = max(L - ctx.capacity // E, 0) if self.n_cpu_moe is None else min(self.n_cpu_moe, L)
+        n = L if self.cpu_moe else max(L - ctx.capacity // E, 0) if self.n_cpu_moe is None else min(self.n_cpu_moe, L)
         if (L - n) * E > ctx.capacity:
             raise MoespacError(f"policy {self.name!r}: n_cpu_moe={n} leaves {L - n} layers x {E} experts on the "
                                f"device, more than the cache's {ctx.capacity} slots; use n_cpu_moe >= "
@@ -45,7 +50,7 @@ class LlamaCpp(Policy):
         return layer_mask(L, E, range(n, L))
 
     def describe(self) -> dict:
-        return {"n_cpu_moe": self.host_layers}
+        return {"n_cpu_moe": self.host_layers, "cpu_moe": self.cpu_moe}
 
 
 class LlamaCppSD(LlamaCpp):

@@ -32,6 +32,10 @@ METHODS: dict[str, Method] = {
     "vllm": Method("vllm-offload", "vLLM", False),
     "llamacpp": Method("llamacpp", "llama.cpp", False),
     "llamacpp-sd": Method("llamacpp-sd", "llama.cpp-w/ SD", True),
+    # llama.cpp's other placement, likely the paper's: every layer's routed experts on the CPU (`-ot exps=CPU`,
+    # i.e. --cpu-moe); the rows above keep as many whole layers' experts on the GPU as fit (--n-cpu-moe N)
+    "llamacpp-cpu-moe": Method("llamacpp:cpu_moe=true", "llama.cpp -ot exps=CPU", False),
+    "llamacpp-cpu-moe-sd": Method("llamacpp-sd:cpu_moe=true", "llama.cpp-w/ SD -ot exps=CPU", True),
     "mixtral-offload": Method("mixtral-offloading", "Mixtral Offload", False),
     "moe-infinity": Method("moe-infinity", "MoE-Infinity", False),
     "specexp": Method("specexp", "SpecExp", False),

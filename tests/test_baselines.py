@@ -95,6 +95,12 @@ def test_llamacpp_host_layers_never_move():
     with pytest.raises(MoespacError, match="n_cpu_moe=0"):
         LlamaCpp(n_cpu_moe=0).reset(context(3, 4, 2, 9))
     assert (drive(LlamaCppSD(), context(3, 4, 2, 9, signals=["draft"]), []).placement == run.placement).all()
+    # --cpu-moe (-ot exps=CPU): no expert on the device, whatever the cache could hold
+    every = drive(LlamaCpp(cpu_moe=True), context(3, 4, 2, 9), steps)
+    assert not every.placement.any() and every.cache.counters.hits == 0
+    assert every.cache.counters.host == sum(int((counts > 0).sum()) for _, counts in steps) > c.host
+    with pytest.raises(MoespacError, match="not both"):
+        LlamaCpp(n_cpu_moe=1, cpu_moe=True)
 
 
 def test_fiddler_places_by_popularity_and_never_moves():

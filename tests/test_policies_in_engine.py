@@ -40,6 +40,22 @@ def test_policy_runs_in_engine(micro, name):
         assert res.tokens == ref
 
 
+@pytest.mark.parametrize("spec, on_device", [("llamacpp", True), ("llamacpp:cpu_moe=true", False)])
+def test_llamacpp_flags_in_the_engine(micro, spec, on_device):
+    """The two llama.cpp placements of Table 1 in the real engine: --n-cpu-moe keeps whole layers' experts on
+    the device (hits, nothing copied); -ot exps=CPU runs every routed expert on the host."""
+    target, draft, prompt, ref = micro
+    rt = HybridRuntime(target, make_policy(spec), RuntimeConfig(cache_ratio=0.5))
+    try:
+        rt.start_request(gamma=0)
+        res = generate(target, prompt, max_new_tokens=8, runtime=rt, ignore_eos=True)
+        stats = rt.stats()
+    finally:
+        rt.close()
+    assert stats["loads"] == stats["bytes_copied"] == 0 and res.tokens == ref[:len(res.tokens)]
+    assert (stats["hits"] > 0) == on_device and (stats["host"] == stats["activations"]) == (not on_device)
+
+
 def test_oracle_refuses_the_real_engine(micro):
     target, *_ = micro
     rt = HybridRuntime(target, make_policy("oracle"), RuntimeConfig(cache_ratio=0.5))

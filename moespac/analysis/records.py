@@ -134,7 +134,19 @@ def bench_row(rec: dict) -> dict:
         host_share=_num(m.get("host_share")), a_over_b=_num(cost.get("a_over_b")),
         a_over_b_per_token=_num(cost.get("per_token")), hot_cold_accuracy=_num(m.get("hot_cold_accuracy")),
         requests=m.get("requests"), skipped=False, skip_reason=None, draft_charged=draft_charged,
-        note=ENGINE_NOTE if rec["timing"] == "measured" and not c["policy"].startswith("moespac") else None)
+        note=_bench_note(rec))
+
+
+def _bench_note(rec: dict) -> str | None:
+    """What a bench row is beyond its label: the engine running a baseline's policy (measured), llama.cpp's
+    placement by its flag."""
+    notes = []
+    if rec["timing"] == "measured" and not rec["config"]["policy"].startswith("moespac"):
+        notes.append(ENGINE_NOTE)
+    stats = (rec.get("policy") or {}).get("stats") or {}
+    if stats.get("n_cpu_moe") is not None and not stats.get("cpu_moe"):  # the -ot exps=CPU rows say it in the label
+        notes.append(f"--n-cpu-moe {stats['n_cpu_moe']}")
+    return "; ".join(notes) or None
 
 
 def wrapped_row(rec: dict) -> dict:
