@@ -9,18 +9,21 @@ layer can be brought in to run; offloaded modules carry hooks that copy their we
 "Accelerate".
 
 Modelled as (baselines/_common.StreamedLayers): the first `(capacity - staging) // E` layers resident,
-`staging` slots (default E, the reserved largest layer) for on-demand copies whose victim is the least
-recently used staged expert, so copies do not persist as a cache across steps unless the offloaded
-layers' loads of one step fit in the staging area. Deviations: only the activated experts cross the link
-(transformers 5 stores a layer's experts fused, so the real hook copies the whole layer: E experts
-per offloaded layer per forward; the interface cannot express loading experts that do not run, so that
-cost belongs to a cost model); a load that finds no slot (capacity < one layer) runs on the host, where
-Accelerate would run out of memory.
+`staging` slots (default E, the reserved largest layer) for the copies, whose victim is the least recently
+used staged expert, so copies do not persist as a cache across steps unless the offloaded layers' loads of
+one step fit in the staging area. An offloaded layer moves whole: transformers 5 stores a layer's experts
+fused (one `gate_up_proj` / `down_proj` tensor per layer), so the hook copies all E experts per forward,
+routed or not (`LayerPlan.carry`); vLLM's UVA reads (baselines/vllm_offload.py) touch only the routed ones.
+Deviation: a load that finds no slot (capacity < one layer) runs on the host, where Accelerate would run out
+of memory.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from baselines._common import StreamedLayers
+from moespac.policy import LayerPlan
 
 
 class Accelerate(StreamedLayers):
@@ -30,3 +33,10 @@ class Accelerate(StreamedLayers):
     requires = ()
     source = "huggingface/accelerate infer_auto_device_map + offload hooks (cdde654039); MoE-SpAc Table 1"
     keep_first_layers = True
+
+    def plan_layer(self, layer, counts, cache) -> LayerPlan:
+        plan = super().plan_layer(layer, counts, cache)
+        if self.placed[layer].all():
+            return plan
+        idle = np.flatnonzero((counts == 0) & ~cache.resident[layer])  # the rest of the fused layer comes along
+        return LayerPlan(load=plan.load, carry=idle)

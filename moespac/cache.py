@@ -36,8 +36,10 @@ class CacheCounters:
     """Prefetch requests refused (no slot and the policy chose no victim)."""
     evictions: int = 0
     """Resident experts evicted to make room."""
+    carried: int = 0
+    """Experts copied in with their layer although not activated (LayerPlan.carry: a whole fused layer moved)."""
     bytes_copied: int = 0
-    """Bytes moved host -> device (prefetches and on-demand loads)."""
+    """Bytes moved host -> device (prefetches, on-demand loads and carried experts)."""
 
     @property
     def activations(self) -> int:

@@ -113,6 +113,10 @@ class LayerPlan:
 
     load: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Non-resident experts to load on demand (blocking) and then run on the device."""
+    carry: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Non-resident experts copied in with the layer although they do not run now: a system that moves a
+    whole fused layer for each forward (HF Accelerate's offload hooks) copies every expert of it. They are
+    loaded like `load` (blocking, into slots) and stay resident until evicted."""
     host: np.ndarray | None = None
     """Experts to run on the host. None = every activated expert that is neither resident nor loaded."""
 

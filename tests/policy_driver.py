@@ -2,8 +2,9 @@
 infinitely fast copy link (the prefetch queue is served completely whenever a hook returns requests).
 
 Mirrors moespac/engine/hybrid.py: drop a layer's queued prefetches when it starts, plan, freeze the hits,
-load plan.load (activated, non-resident experts only; a refused slot means the host runs it), count
-hits / loads / host, unfreeze, end_layer. Independent of moespac/sim.
+load plan.load (activated, non-resident experts only; a refused slot means the host runs it) and
+plan.carry (non-activated ones copied along), count hits / loads / host / carried, unfreeze, end_layer.
+Independent of moespac/sim.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def drive(policy: Policy, ctx: PolicyContext, steps: list[tuple[StepInfo, np.nda
             plan = policy.plan_layer(layer, c, cache)
             cache.frozen[layer] = hit
             loaded = []
-            for e in np.asarray(plan.load, dtype=np.int64):
-                if not active[e] or cache.resident[layer, e] or cache.loading[layer, e]:
+            load, carry = np.asarray(plan.load, dtype=np.int64), np.asarray(plan.carry, dtype=np.int64)
+            for e in np.concatenate([load[active[load]], carry[~active[carry]]]):
+                if cache.resident[layer, e] or cache.loading[layer, e]:
                     continue
                 if cache.reserve(layer, int(e), policy) is None:
                     continue
@@ -94,13 +96,15 @@ def drive(policy: Policy, ctx: PolicyContext, steps: list[tuple[StepInfo, np.nda
             if plan.host is not None:
                 on_device &= ~np.isin(np.arange(E), np.asarray(plan.host, dtype=np.int64))
             cache.counters.hits += int((hit & on_device).sum())
-            cache.counters.loads += len(loaded)
+            carried = [e for e in loaded if not active[e]]
+            cache.counters.loads += len(loaded) - len(carried)
+            cache.counters.carried += len(carried)
             cache.counters.host += int((active & ~on_device).sum())
             cache.counters.bytes_copied += len(loaded)
             cache.frozen[layer] = False
             cache.check()
             log.append(LayerRun(set(np.flatnonzero(on_device).tolist()),
-                                set(np.flatnonzero(active & ~on_device).tolist()), loaded,
+                                set(np.flatnonzero(active & ~on_device).tolist()), [e for e in loaded if active[e]],
                                 set(np.flatnonzero(hit & on_device).tolist())))
             serve(policy.end_layer(layer, c, cache), (s, layer + 1))
         serve(policy.end_step(info, cache), (s + 1, 0))

@@ -56,6 +56,26 @@ def test_llamacpp_flags_in_the_engine(micro, spec, on_device):
     assert (stats["hits"] > 0) == on_device and (stats["host"] == stats["activations"]) == (not on_device)
 
 
+def test_accelerate_copies_whole_layers_in_the_engine(micro):
+    """The engine copies what Accelerate's hooks copy: each forward of an offloaded layer brings all E experts
+    (the routed ones run, the rest are carried); vLLM's offload brings only the routed ones."""
+    target, draft, prompt, ref = micro
+    stats = {}
+    for name in ("accelerate", "vllm-offload"):
+        rt = HybridRuntime(target, make_policy(name), RuntimeConfig(cache_ratio=0.5))
+        try:
+            rt.start_request(gamma=0)
+            res = generate(target, prompt, max_new_tokens=6, runtime=rt, ignore_eos=True)
+            stats[name] = rt.stats()
+            E = rt.topology.num_experts
+        finally:
+            rt.close()
+        assert res.tokens == ref[:len(res.tokens)]  # lossless either way
+    acc, vllm = stats["accelerate"], stats["vllm-offload"]
+    assert acc["carried"] > 0 == vllm["carried"] and (acc["loads"] + acc["carried"]) % E == 0
+    assert acc["bytes_copied"] > vllm["bytes_copied"]
+
+
 def test_oracle_refuses_the_real_engine(micro):
     target, *_ = micro
     rt = HybridRuntime(target, make_policy("oracle"), RuntimeConfig(cache_ratio=0.5))

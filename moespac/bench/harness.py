@@ -31,7 +31,8 @@ from moespac.registry import parse_policy
 log = logging.getLogger(__name__)
 
 TURNS = ("all", "first")
-COUNTERS = ("hits", "loads", "host", "prefetched", "prefetch_dropped", "prefetch_refused", "evictions", "bytes_copied")
+COUNTERS = ("hits", "loads", "host", "prefetched", "prefetch_dropped", "prefetch_refused", "evictions", "carried",
+            "bytes_copied")
 TRACE_POLICY = "all-host"  # of a trace-only engine run: the hybrid split keeps the numerics, so any policy routes alike
 
 

@@ -295,8 +295,10 @@ class HybridRuntime:
             plan = self.policy.plan_layer(layer, counts, cache)
             cache.frozen[layer] = hit
             loaded = []
-            for e in np.asarray(plan.load, dtype=np.int64):
-                if not active[e] or cache.resident[layer, e] or cache.loading[layer, e]:
+            load = np.asarray(plan.load, dtype=np.int64)
+            carry = np.asarray(plan.carry, dtype=np.int64)  # copied with the layer although they do not run
+            for e in np.concatenate([load[active[load]], carry[~active[carry]]]):
+                if cache.resident[layer, e] or cache.loading[layer, e]:
                     continue
                 slot = cache.reserve(layer, int(e), self.policy)
                 if slot is None:
@@ -310,7 +312,9 @@ class HybridRuntime:
             if plan.host is not None:
                 on_device &= ~np.isin(np.arange(E), np.asarray(plan.host, dtype=np.int64))
             counters.hits += int((hit & on_device).sum())
-            counters.loads += len(loaded)
+            n_carried = int((~active[[e for e, _ in loaded]]).sum()) if loaded else 0
+            counters.loads += len(loaded) - n_carried
+            counters.carried += n_carried
             counters.host += int((active & ~on_device).sum())
             counters.bytes_copied += len(loaded) * store.copy_bytes
             slot_of = cache.slot_of[layer].copy()

@@ -55,11 +55,12 @@ class CopyLink:
             self._finish()  # no new copy starts here: the layer's on-demand loads would go first
         return now
 
-    def load(self, layer: int, experts: np.ndarray, now: float) -> tuple[float, list[int]]:
+    def load(self, layer: int, experts: np.ndarray, now: float, counter: str = "loads") -> tuple[float, list[int]]:
         """Blocking on-demand loads at `now`: reserve every slot first (as the engine does), then copy them
         back to back after the copy in flight. Returns (time they are all resident, experts loaded);
         an expert whose reservation is refused is not loaded (it runs on the host). The caller has
-        already advanced the link to `now` (wait_layer), so no queued prefetch slips in first."""
+        already advanced the link to `now` (wait_layer), so no queued prefetch slips in first. `counter`:
+        the cache counter the copies count in ("carried" for experts that come along but do not run)."""
         if self.inflight is not None:
             now = self.done
             self._finish()
@@ -70,7 +71,7 @@ class CopyLink:
             self.busy += self.t_copy
             self.cache.commit(layer, e)
         c = self.cache.counters
-        c.loads += len(loaded)
+        setattr(c, counter, getattr(c, counter) + len(loaded))
         c.bytes_copied += len(loaded) * self.expert_bytes
         return self.t, loaded
 

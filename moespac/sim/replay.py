@@ -59,7 +59,7 @@ class ReplayResult:
         decode = self.step_kind != 0
         totals = {}
         for k in ("hits", "loads", "host", "prefetched", "prefetch_dropped", "prefetch_refused", "evictions",
-                  "bytes_copied", "activations"):
+                  "carried", "bytes_copied", "activations"):
             totals[k] = sum(r["counters"][k] for r in self.requests)
         acts = totals["activations"]
         elapsed = float(self.total.sum())
@@ -193,9 +193,14 @@ class Replay:
             load = np.asarray(plan.load, dtype=np.int64)
             if load.size:
                 load = load[active[load] & ~resident[layer, load] & ~cache.loading[layer, load]]
-            if load.size:
+            carry = np.asarray(plan.carry, dtype=np.int64)  # copied with the layer, not run (a fused layer moved)
+            if carry.size:
+                carry = carry[~active[carry] & ~resident[layer, carry] & ~cache.loading[layer, carry]]
+            if load.size or carry.size:
                 loaded_at, loaded = link.load(layer, load, now)
-                frozen[layer, loaded] = True
+                frozen[layer, loaded] = True  # before the carried copies look for victims: these run now
+                loaded_at, carried = link.load(layer, carry, loaded_at, counter="carried")
+                frozen[layer, carried] = True
                 stall += loaded_at - now
                 now = loaded_at
                 on_device = active & resident[layer]
