@@ -6,7 +6,9 @@ Source: EfficientMoE/MoE-Infinity (moe_infinity/memory/expert_tracer.py @a41b5ce
 Table 1 row "MoE-Infinity".
 - EAM: L x N counts of the request's routing entries. A bounded collection keeps past requests' EAMs
   (`trace_capacity`); a new EAM fills an empty entry, else replaces the least-accessed one; each match
-  counts as an access. (No persistent offline traces here.)
+  counts as an access. MoE-Infinity builds the collection offline from a dataset's requests before serving:
+  here the driver's profiling run of other prompts (PolicyContext.history, never the replayed requests)
+  seeds it once; without one the first request has nothing to match (plain LFU until a request ends).
 - At every MoE layer l: rows are normalised and compared by cosine similarity per layer, averaged over
   layers, with every stored EAM (the spec's reading; the code at a41b5ce5f2 instead blanks the stored
   EAMs' rows <= l). The best match is taken, rows before the next layer are zeroed and row j is scaled by
@@ -42,6 +44,7 @@ class MoEInfinity(LFU):
     lossless = True
     needs_draft = False
     requires = ()
+    profiled = True
     source = "EfficientMoE/MoE-Infinity memory/expert_{tracer,predictor,prefetcher}.py (a41b5ce5f2); arXiv 2401.14361"
 
     def __init__(self, trace_capacity: int = 1000):
@@ -53,6 +56,7 @@ class MoEInfinity(LFU):
         self.collection: list[np.ndarray] = []
         self.access: list[int] = []
         self.eam = None
+        self.seeded = None  # the history the collection was seeded from (seeded once, then it learns)
 
     def _store(self, eam: np.ndarray) -> None:
         if len(self.collection) < self.trace_capacity:
@@ -69,6 +73,10 @@ class MoEInfinity(LFU):
             self.collection, self.access = [], []
         if self.eam is not None and self.eam.shape != shape:
             self.eam = None
+        if ctx.history is not None and self.seeded is not ctx.history:
+            for eam in np.asarray(ctx.history, dtype=np.int64)[-self.trace_capacity:]:  # the offline collection
+                self._store(eam)
+            self.seeded = ctx.history
         self.protected = np.zeros(shape, dtype=bool)
         self.requested = np.zeros(shape, dtype=bool)
         self.request = None

@@ -89,6 +89,9 @@ class PolicyContext:
     """Signals this run provides (keys of SIGNALS)."""
     warmup_counts: np.ndarray | None = None
     """[L, E] activation counts of a warm-up window, when `warmup_counts` is provided."""
+    history: np.ndarray | None = None
+    """[R, L, E] activation counts of R profiled requests that are not replayed (other prompts), one matrix
+    per request, when a profiling run is given: MoE-Infinity's offline activation-matrix collection."""
 
 
 @dataclass(frozen=True)
@@ -156,9 +159,16 @@ class Policy:
     """Paper, repository and commit the behaviour follows."""
     stand_in: ClassVar[str] = ""
     """One line on what replaces the system's own mechanism here, when something does ('' = nothing)."""
+    profiled: ClassVar[bool] = False
+    """Reads a profiling run of other requests (ctx.warmup_counts, ctx.history) when the driver has one; a
+    driver then gives it one (see `uses_profile`)."""
     transfer_scale: float = 1.0
     """Bytes of one expert copy relative to a full-precision one; < 1 = compressed, lossy copies (Fate's
     INT4: 0.25). The simulator scales copy bytes and time by it; the engine copies INT4 (moespac/engine/store.py)."""
+
+    def uses_profile(self) -> bool:
+        """Whether this instance reads profiling data (a static placement, an activation-matrix collection)."""
+        return self.profiled or "warmup_counts" in self.requires
 
     def reset(self, ctx: PolicyContext) -> np.ndarray:
         """Start a request; return the initial residency (bool [L, E], at most ctx.capacity True)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from moespac.trace import load_trace
 from policy_driver import context, counts_of, drive, random_steps, step
 
 from baselines.accelerate import Accelerate
@@ -109,6 +111,59 @@ def test_accelerate_and_vllm_differ_on_the_table_workload():
     assert acc["loads"] + acc["carried"] == 128 * (48 - resident["accelerate"]) * trace.num_steps
     assert acc["bytes_copied"] > 10 * vllm["bytes_copied"]
     assert out["accelerate"]["tokens_per_s"] < out["vllm-offload"]["tokens_per_s"]
+
+
+def _table_cell(policy, trace, profile=()):
+    """A simulated Table 1 cell: Qwen3-30B-A3B's expert sizes on the RTX 4090 profile, 25 % cache."""
+    from moespac.sim.simulate import SimConfig, simulate
+
+    return simulate(SimConfig("replayed", policy, "rtx4090-pcie4", model_spec="qwen3-30b-a3b", cache_ratio=0.25,
+                              allow_topology_mismatch=True, bounds=False, profile_traces=tuple(profile)), trace)
+
+
+def test_moe_infinity_matches_a_profiling_run_of_other_prompts_on_a_one_request_cell(tmp_path):
+    """A Table 1 cell replays one request: MoE-Infinity's activation-matrix collection must come from elsewhere
+    (other prompts, as MoE-Infinity collects offline), else it never predicts and is LFU. With the profiling
+    traces it prefetches and differs from LFU; the record names the traces, not the replayed one."""
+    from moespac.policy import Topology
+    from moespac.sim.synthetic import synthetic_trace
+
+    topo = Topology(8, 128, 8)
+    replayed = synthetic_trace(topo, new_tokens=48, gamma=0, prompt_tokens=8, seed=0)
+    others = []
+    for seed in (1, 2):  # other prompts: other traces
+        path = tmp_path / f"other{seed}.npz"
+        synthetic_trace(topo, new_tokens=32, gamma=0, prompt_tokens=6, seed=seed).save(path)
+        others.append(str(path))
+    alone, lfu = _table_cell("moe-infinity", replayed), _table_cell("lfu:in_cache=true", replayed)
+    assert alone["metrics"]["counters"]["prefetched"] == 0  # one request, nothing to match: LFU
+    assert alone["metrics"]["tokens_per_s"] == lfu["metrics"]["tokens_per_s"]
+    profiled = _table_cell("moe-infinity", replayed, others)
+    assert profiled["metrics"]["counters"]["prefetched"] > 0
+    assert profiled["metrics"]["tokens_per_s"] != lfu["metrics"]["tokens_per_s"]
+    window = profiled["warmup_window"]
+    assert window["requests"] == 2 and "not replayed" in window["source"]
+    assert profiled["config"]["profile_traces"] == [load_trace(p).trace_id() for p in others]
+
+
+def test_static_placements_profile_on_other_prompts_not_the_replayed_request(tmp_path):
+    """Fiddler places by popularity: given a profiling run of other prompts it never looks at the request it
+    serves. Its placement then follows the profile, whatever the replayed request routes."""
+    from moespac.policy import Topology
+    from moespac.sim.synthetic import synthetic_trace
+
+    topo = Topology(4, 32, 2)
+    replayed = synthetic_trace(topo, new_tokens=24, gamma=0, prompt_tokens=4, seed=3)
+    path = tmp_path / "other.npz"
+    synthetic_trace(topo, new_tokens=24, gamma=0, prompt_tokens=4, seed=4).save(path)
+    peek, profiled = _table_cell("fiddler", replayed), _table_cell("fiddler", replayed, [str(path)])
+    assert "also replayed" in peek["warmup_window"]["source"]  # the fallback says that it sees the future
+    assert "not replayed" in profiled["warmup_window"]["source"]
+    assert profiled["metrics"]["counters"]["hits"] != peek["metrics"]["counters"]["hits"]
+    mismatched = tmp_path / "wide.npz"
+    synthetic_trace(Topology(4, 16, 2), new_tokens=8, gamma=0, prompt_tokens=4, seed=4).save(mismatched)
+    with pytest.raises(MoespacError, match="profile trace .*wide.npz: topology"):
+        _table_cell("fiddler", replayed, [str(mismatched)])
 
 
 def test_vllm_offload_streams_the_first_layers():

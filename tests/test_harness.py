@@ -66,6 +66,15 @@ def test_measured_record_validates_and_accounts_for_every_request(measured):
     assert trace.meta["bench"]["rows"] == [{k: r[k] for k in trace.meta["bench"]["rows"][0]} for r in reqs]
 
 
+def test_the_warm_up_profiles_on_prompts_that_are_not_measured(measured):
+    """The warm-up call is the measured run's profiling run (Fiddler's popularity, MoE-Infinity's matrix): it
+    runs a prompt of the benchmark that is not measured, and the record says so."""
+    out, trace_path = measured
+    rec = validate_record(out)
+    window = rec["policy"]["warmup_window"]
+    assert window["source"] == "1 warm-up call(s) on other prompts, not measured" and window["entries"] > 0
+
+
 def test_simulated_record_replays_the_trace_on_a_profile(measured, tmp_path):
     out, trace_path = measured
     sim_out = tmp_path / "sim.json"

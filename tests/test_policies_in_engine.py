@@ -76,6 +76,30 @@ def test_accelerate_copies_whole_layers_in_the_engine(micro):
     assert acc["bytes_copied"] > vllm["bytes_copied"]
 
 
+def test_moe_infinity_prefetches_from_a_profiling_run_in_the_engine(micro):
+    """In the engine as in the simulator: one request and no profiling run, MoE-Infinity has nothing to match
+    and never prefetches; given the activation matrix of another prompt's run it prefetches from the start."""
+    target, draft, prompt, ref = micro
+    other = np.random.default_rng(1).integers(0, 4, size=(1, *target_shape(target)))
+    prefetched = []
+    for history in (None, other):
+        rt = HybridRuntime(target, make_policy("moe-infinity"), RuntimeConfig(cache_ratio=0.25))
+        try:
+            rt.start_request(gamma=0, history=history)
+            res = generate(target, prompt, max_new_tokens=8, runtime=rt, ignore_eos=True)
+            prefetched.append(rt.stats()["prefetched"])
+        finally:
+            rt.close()
+        assert res.tokens == ref[:len(res.tokens)]
+    assert prefetched[0] == 0 < prefetched[1]
+
+
+def target_shape(target) -> tuple[int, int]:
+    """(MoE layers, experts) of a micro target."""
+    c = target.config
+    return c.num_hidden_layers, c.num_experts
+
+
 def test_oracle_refuses_the_real_engine(micro):
     target, *_ = micro
     rt = HybridRuntime(target, make_policy("oracle"), RuntimeConfig(cache_ratio=0.5))

@@ -141,4 +141,4 @@ def test_bench_simulated_takes_warmup_steps(micro_dir, tmp_path, capsys):
     assert json.loads((tmp_path / "again.json").read_text())["config"]["warmup_steps"] == 16
     measured = ["bench", "--benchmark", "gsm8k", "--model-pair", str(micro_dir), "--warmup-steps", "2",
                 "--out", str(tmp_path / "m.json")]
-    assert main(measured) == 2 and "warmup_steps need timing 'simulated'" in capsys.readouterr().err
+    assert main(measured) == 2 and "warmup_steps / profile_traces need timing 'simulated'" in capsys.readouterr().err

@@ -101,14 +101,17 @@ class BenchConfig:
     None = the simulator's default. A measured run's window is its `warmup` calls instead."""
     bounds: bool = True
     """Simulated: also replay the oracle and the infinite-cache bound (the record's distance to them)."""
+    profile_traces: tuple[str, ...] = ()
+    """Simulated only: traces of other prompts whose routing is the profiling run (moespac.sim.simulate)."""
 
     def __post_init__(self):
         datasets.get_benchmark(self.benchmark)  # unknown name -> MoespacError naming it and the known ones
         checks = [
             (self.timing in ("measured", "simulated"), f"timing {self.timing!r}: 'measured' or 'simulated'"),
             (self.timing == "simulated" or not (self.hardware or self.from_trace or self.model_spec != "trace"
-                                                 or self.draft_spec or self.warmup_steps is not None),
-             "hardware / from_trace / model_spec / draft_spec / warmup_steps need timing 'simulated'"),
+                                                 or self.draft_spec or self.warmup_steps is not None
+                                                 or self.profile_traces),
+             "hardware / from_trace / model_spec / draft_spec / warmup_steps / profile_traces need timing 'simulated'"),
             (self.timing == "measured" or bool(self.hardware), "timing 'simulated' needs hardware (a profile)"),
             (bool(self.target) or bool(self.from_trace), "target is required (or from_trace, to replay a trace)"),
             (self.gamma >= 0, f"gamma {self.gamma} must be >= 0"),
@@ -211,6 +214,10 @@ def prepare(cfg: BenchConfig) -> Prepared:
                       draft_spec=cfg.draft_spec, allow_topology_mismatch=cfg.allow_topology_mismatch,
                       warmup_steps=warmup_steps, bounds=cfg.bounds,
                       trace_id=trace.trace_id() if trace is not None else trace_id(tcfg))
+        if cfg.profile_traces:  # their ids, not their paths: the same routing is the same config
+            from moespac.trace import load_trace
+
+            config["profile_traces"] = [load_trace(p).trace_id() for p in cfg.profile_traces]
     return Prepared(config, tcfg, target, draft, trace, profile)
 
 
@@ -240,8 +247,11 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
     if prep.trace is not None:
         trace = prep.trace
     else:
-        prompts = datasets.seeded_sample(datasets.load_benchmark(bench.name, source=cfg.source), cfg.limit, cfg.seed)
-        trace, calls, policy_stats, warmup, memory = engine_run(cfg, prep, prompts, progress)
+        every = datasets.load_benchmark(bench.name, source=cfg.source)
+        prompts = datasets.seeded_sample(every, cfg.limit, cfg.seed)
+        chosen = {p.id for p in prompts}
+        others = [p for p in every if p.id not in chosen]  # the warm-up (profiling) run never sees a measured one
+        trace, calls, policy_stats, warmup, memory = engine_run(cfg, prep, prompts, progress, others)
         if trace_out:
             trace.save(trace_out)
     if cfg.timing == "measured":
@@ -270,14 +280,15 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
 
 # ---- the engine run ----------------------------------------------------------------------------------------
 
-def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool = True):
+def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool = True, others: list = ()):
     """Run the prompts through the engine; returns (trace, calls with measured timing, policy stats, the
     window of the 'warmup_counts' signal or None, the memory plan's summary).
 
     The trace's meta['bench'] keeps the per-request facts (tokens, drafts, acceptances) and skips.
-    The warm-up calls are recorded apart; their routing counts are the 'warmup_counts' signal of the measured
-    calls (Fiddler's popularity profile). With no warm-up calls, a policy that needs the signal gets the counts
-    of the first request's prefill, run once untimed before it.
+    The warm-up calls run `others` (prompts of the benchmark that are not measured; the measured ones only when
+    there are no others) and are recorded apart: their routing counts are the profiling run of the measured
+    calls ('warmup_counts': Fiddler's popularity profile; as one activation matrix, MoE-Infinity's collection).
+    With no warm-up calls, a policy that reads a profile gets the counts of one prefill, run once untimed.
     """
     from tqdm import tqdm
 
@@ -310,7 +321,8 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
     def call(batch: list[list[int]], request: int, max_new_tokens: int = cfg.max_new_tokens):
         sampling = speculative.Sampling(temperature=cfg.temperature, seed=cfg.seed + max(request, 0))
         return session.generate(batch, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, request=request,
-                                ignore_eos=cfg.ignore_eos, warmup_counts=warm[0], max_batch=cfg.batch_size)
+                                ignore_eos=cfg.ignore_eos, warmup_counts=warm[0], max_batch=cfg.batch_size,
+                                history=None if warm[0] is None or not warm[0].any() else warm[0][None])
 
     rows, calls = [], []
 
@@ -334,17 +346,24 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
     try:
         spec = spec_from_config(target.config, name=tcfg["target_id"]).to_dict()
         session.record(spec, cross_layer=False)  # the warm-up's routing, for 'warmup_counts'
+        spare = fit_prompts(list(others)[:max(cfg.warmup, 1) * cfg.batch_size], tok, context, cfg.max_new_tokens,
+                            gamma)[0] if measured else []
+        pool, whose = (spare, "other prompts, not measured") if spare else (items, "measured prompts: no other")
+        used = []
         for w in range(cfg.warmup if measured else 0):
-            call([items[(w * cfg.batch_size + j) % len(items)][1] for j in range(min(cfg.batch_size, len(items)))], -1)
-        source = f"{cfg.warmup} warm-up call(s)"
-        if measured and not cfg.warmup and "warmup_counts" in runtime.policy.requires:
-            call([ids for _, ids in items[:cfg.batch_size]], -1, max_new_tokens=1)  # prefill only
-            source = "the first request's prefill, run once untimed before it (warmup 0)"
+            batch = [pool[(w * cfg.batch_size + j) % len(pool)] for j in range(min(cfg.batch_size, len(pool)))]
+            call([ids for _, ids in batch], -1)
+            used += [p.id for p, _ in batch]
+        source = f"{cfg.warmup} warm-up call(s) on {whose}"
+        if measured and not cfg.warmup and runtime.policy.uses_profile():
+            call([ids for _, ids in pool[:cfg.batch_size]], -1, max_new_tokens=1)  # prefill only
+            used += [p.id for p, _ in pool[:cfg.batch_size]]
+            source = f"one prefill on {whose}, run once untimed (warmup 0)"
         seen = session.finish_trace()
         warm[0], warmup = None, None
         if seen.num_steps:
             warm[0], warmup = warmup_window(step_counts(seen), seen.steps["step_request"])
-            warmup = dict(warmup, source=source)
+            warmup = dict(warmup, source=source, prompts=list(dict.fromkeys(used)))
         session.record(spec, meta=dict(target=prep.target, draft=prep.draft, gamma=gamma, batch_size=cfg.batch_size,
                                        policy=engine_policy))
         with tqdm(total=len(items), unit="prompt", desc=f"bench {tcfg['benchmark']}", leave=False,
@@ -404,7 +423,8 @@ def simulated_calls(cfg: BenchConfig, trace, trace_path, warmup_steps: int) -> t
                              model_spec=cfg.model_spec, draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio,
                              cache_gib=cfg.cache_gib, per_layer=cfg.per_layer,
                              allow_topology_mismatch=cfg.allow_topology_mismatch,
-                             warmup_steps=warmup_steps, bounds=cfg.bounds), trace)
+                             warmup_steps=warmup_steps, bounds=cfg.bounds,
+                             profile_traces=tuple(cfg.profile_traces)), trace)
     sizes = {}
     for row in trace.meta["bench"]["rows"]:
         sizes[row["call"]] = sizes.get(row["call"], 0) + 1

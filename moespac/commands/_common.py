@@ -87,6 +87,14 @@ def add_warmup_steps_arg(g) -> None:
                         "'warmup_counts' signal (Fiddler-style profiling); 0 = no such signal (default: 16)")
 
 
+def add_profile_trace_arg(g) -> None:
+    """--profile-trace of the simulator: the profiling run of static placements and MoE-Infinity."""
+    g.add_argument("--profile-trace", action="append", default=[], metavar="TRACE",
+                   help="simulated: a trace of other prompts (never the replayed ones) whose routing is the "
+                        "profiling run of static placements and MoE-Infinity's activation matrices; repeatable "
+                        "(without it: the first --warmup-steps steps of the replayed trace, labelled so)")
+
+
 def warmup_steps_option(args) -> dict:
     """{'warmup_steps': N} when --warmup-steps was given (else {}: the simulator's default); checked here."""
     if args.warmup_steps is None:

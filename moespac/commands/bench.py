@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moespac.commands._common import (add_engine_args, add_model_args, add_warmup_steps_arg, check_output_paths,
-                                     finite, warmup_steps_option)
+from moespac.commands._common import (add_engine_args, add_model_args, add_profile_trace_arg, add_warmup_steps_arg,
+                                     check_output_paths, finite, warmup_steps_option)
 from moespac.errors import MoespacError
 
 
@@ -40,6 +40,7 @@ def register(sub) -> None:
     t.add_argument("--allow-topology-mismatch", action="store_true",
                    help="simulated: map the trace onto --model-spec by modulo when layers/experts differ")
     add_warmup_steps_arg(t)
+    add_profile_trace_arg(t)
     t.add_argument("--no-bounds", action="store_true",
                    help="simulated: skip the oracle and the infinite-cache bound (they cost more than the policy's "
                         "own replay; a study computes them once per trace, in its oracle cell)")
@@ -82,7 +83,8 @@ def run(args) -> int:
         per_layer=args.per_layer_cache, copy_mode=args.copy_mode, dtype=args.dtype, device=args.device,
         trust_remote_code=args.trust_remote_code, timing=args.timing, hardware=args.hardware,
         model_spec=args.model_spec, draft_spec=args.draft_spec, allow_topology_mismatch=args.allow_topology_mismatch,
-        from_trace=args.from_trace, bounds=not args.no_bounds, **warmup_steps_option(args))
+        from_trace=args.from_trace, bounds=not args.no_bounds, profile_traces=tuple(args.profile_trace),
+        **warmup_steps_option(args))
     record = run_to_file(cfg, args.out, trace_out=args.trace, progress=not args.no_progress, skip_valid=args.skip_valid)
     print(summary_text(record))
     print(f"record: {args.out}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from moespac.bench.records import write_result
-from moespac.commands._common import add_warmup_steps_arg, warmup_steps_option
+from moespac.commands._common import add_profile_trace_arg, add_warmup_steps_arg, warmup_steps_option
 
 
 def register(sub) -> None:
@@ -29,6 +29,7 @@ def register(sub) -> None:
     p.add_argument("--warm-cache", action="store_true", help="keep cache and policy state across requests")
     p.add_argument("--no-bounds", action="store_true", help="skip the infinite-cache bound and the oracle")
     add_warmup_steps_arg(p)
+    add_profile_trace_arg(p)
     p.add_argument("--json", default=None, metavar="OUT", help="write the result record here")
     p.set_defaults(func=run)
 
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                     draft_spec=args.draft_spec, cache_ratio=args.cache_ratio, cache_gib=args.cache_gib,
                     per_layer=args.per_layer_cache, expert_dtype=args.expert_dtype,
                     allow_topology_mismatch=args.allow_topology_mismatch, warm_cache=args.warm_cache,
-                    bounds=not args.no_bounds, **warmup_steps_option(args))
+                    bounds=not args.no_bounds, profile_traces=tuple(args.profile_trace), **warmup_steps_option(args))
     record = simulate(cfg)
     if args.json:
         write_result(args.json, record)

@@ -169,7 +169,8 @@ class HybridRuntime:
                                      expert_bytes=self.store.copy_bytes)
 
     # -- request / step lifecycle ---------------------------------------------------------------------
-    def start_request(self, gamma: int, batch_size: int = 1, signals=frozenset(), warmup_counts=None) -> None:
+    def start_request(self, gamma: int, batch_size: int = 1, signals=frozenset(), warmup_counts=None,
+                      history=None) -> None:
         """Reset the policy and the cache for a new request and fill the initial placement."""
         with self.cv:
             self.queue.clear()
@@ -181,7 +182,7 @@ class HybridRuntime:
                 sig.add("warmup_counts")
             ctx = PolicyContext(self.topology, self.cache.capacity, self.cache.per_layer_capacity, gamma=gamma,
                                 batch_size=batch_size, costs=self.costs, signals=frozenset(sig),
-                                warmup_counts=warmup_counts)
+                                warmup_counts=warmup_counts, history=history)
             placement = self.policy.reset(ctx)
             for layer, expert, slot in self.cache.place(placement):
                 self.store.copy_in(layer, expert, slot)

@@ -145,14 +145,14 @@ class EngineSession:
         return self.runtime.topology
 
     def generate(self, prompts: list[list[int]], *, gamma: int, max_new_tokens: int, sampling, request: int = 0,
-                 ignore_eos: bool = False, signals=(), warmup_counts=None, max_batch: int | None = None):
+                 ignore_eos: bool = False, signals=(), warmup_counts=None, history=None, max_batch: int | None = None):
         """One engine call (a cold cache, one request of the trace): returns (results, runtime stats)."""
         from moespac.engine import speculative
 
         draft = self.draft if gamma > 0 else None
         sig = set(signals) | ({"draft"} if draft is not None else set())
         self.runtime.start_request(gamma=gamma if draft is not None else 0, batch_size=len(prompts), signals=sig,
-                                   warmup_counts=warmup_counts)
+                                   warmup_counts=warmup_counts, history=history)
         eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
         results = speculative.generate_batch(self.target, prompts, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
                                              sampling=sampling, runtime=self.runtime, eos_token_id=eos, request=request,

@@ -53,6 +53,10 @@ class MoESpAc(Policy):
         self.estimator = None
 
     # -- hooks -------------------------------------------------------------------------------------
+
+    def uses_profile(self) -> bool:
+        """The static prefetcher (w/o SG-Prefetcher) places by a profiling run's counts."""
+        return self.config.prefetcher == "static"
     def reset(self, ctx: PolicyContext) -> np.ndarray:
         placement = super().reset(ctx)
         cfg, topo = self.config, ctx.topology

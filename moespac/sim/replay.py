@@ -102,9 +102,9 @@ class Replay:
 
     def __init__(self, workload: Workload, timing: Timing, policy: Policy, capacity: int,
                  per_layer_capacity: int | None = None, costs: UnitCosts | None = None, warm_cache: bool = False,
-                 warmup_counts: np.ndarray | None = None):
+                 warmup_counts: np.ndarray | None = None, history: np.ndarray | None = None):
         self.w, self.timing, self.policy = workload, timing, policy
-        self.warmup_counts = warmup_counts
+        self.warmup_counts, self.history = warmup_counts, history
         self.capacity, self.per_layer_capacity = capacity, per_layer_capacity
         self.costs = costs or UnitCosts()
         self.warm_cache = warm_cache
@@ -139,7 +139,7 @@ class Replay:
         signals = trace.signals() | SIM_SIGNALS | ({"warmup_counts"} if self.warmup_counts is not None else set())
         ctx = PolicyContext(w.topology, self.capacity, self.per_layer_capacity, gamma=gamma,
                             batch_size=int(trace.meta.get("batch_size", 1) or 1), costs=self.costs, signals=signals,
-                            warmup_counts=self.warmup_counts)
+                            warmup_counts=self.warmup_counts, history=self.history)
         self.cache.place(self.policy.reset(ctx))  # initial placement happens before the request (untimed)
 
     def run(self) -> ReplayResult:

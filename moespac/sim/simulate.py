@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from moespac.errors import MoespacError
 from moespac.models.registry import ModelSpec, get_spec
 from moespac.policy import UnitCosts
@@ -50,7 +52,12 @@ class SimConfig:
     """Also compute the infinite-cache bound and the oracle, and the policy's distance to them."""
     warmup_steps: int = 16
     """Profiling window of the 'warmup_counts' signal (Fiddler, kTransformers' frequency placement): the
-    activation counts of the first this-many steps of the trace's first request; 0 = no such signal."""
+    activation counts of the first this-many steps of the trace's first request; 0 = no such signal. Used only
+    without profile_traces (that request is also replayed: the placement then sees part of its future)."""
+    profile_traces: tuple[str, ...] = ()
+    """Traces of other prompts, never the replayed ones: their routing is the profiling run that static
+    placements ('warmup_counts': every step of every request, summed) and MoE-Infinity's activation-matrix
+    collection (one matrix per request) read, as the real systems profile on a dataset before serving."""
 
     def __post_init__(self):
         if self.cache_ratio is not None and not 0.0 <= self.cache_ratio <= 1.0:
@@ -107,13 +114,27 @@ def policy_costs(workload, cost: CostModel) -> UnitCosts:
 
 
 def run_policy(workload, timing, costs: UnitCosts, policy_spec: str, capacity: int, per_layer: bool = False,
-               warm_cache: bool = False, warmup_counts=None):
+               warm_cache: bool = False, warmup_counts=None, history=None):
     """Replay one policy; returns (policy, ReplayResult)."""
     policy = make_policy(policy_spec)
     per_layer_capacity = capacity // workload.topology.num_layers if per_layer else None
     result = replay(workload, timing, policy, capacity, per_layer_capacity=per_layer_capacity, costs=costs,
-                    warm_cache=warm_cache, warmup_counts=warmup_counts)
+                    warm_cache=warm_cache, warmup_counts=warmup_counts, history=history)
     return policy, result
+
+
+def profile_history(paths, spec, allow_topology_mismatch: bool, topology) -> tuple[np.ndarray, list[str]]:
+    """([R, L, E] activation counts of every request of the traces at `paths`, mapped onto `spec` as the
+    replayed trace is; their trace ids). A trace of another model's shape is refused: its experts are others."""
+    history, ids = [], []
+    for path in paths:
+        t = load_trace(path)
+        if t.topology != topology:  # another model's routing names other experts
+            raise MoespacError(f"profile trace {path}: topology {t.topology} differs from the replayed trace's {topology}")
+        w = make_workload(t, spec, allow_topology_mismatch, trace_path=path)
+        history += [w.counts[steps].sum(axis=0, dtype=np.int64) for steps in w.requests()]
+        ids.append(t.trace_id())
+    return np.stack(history), ids
 
 
 def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
@@ -135,11 +156,17 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
         capacity = min(fit, total)
     name, options = parse_policy(cfg.policy)
     unit = policy_costs(workload, cost)
-    warm, window = None, None
-    if cfg.warmup_steps:
+    warm, window, history, profiled = None, None, None, []
+    if cfg.profile_traces:
+        history, profiled = profile_history(cfg.profile_traces, spec, cfg.allow_topology_mismatch, trace.topology)
+        warm = history.sum(axis=0)
+        window = dict(source="every step of the requests of other prompts (not replayed): " + ", ".join(profiled),
+                      requests=len(history), steps=None, entries=int(warm.sum()))
+    elif cfg.warmup_steps:
         warm, window = warmup_window(workload.counts, workload.steps["step_request"], cfg.warmup_steps)
         window = dict(window, source="first steps of the trace's first request (also replayed)")
-    policy, result = run_policy(workload, timing, unit, cfg.policy, capacity, cfg.per_layer, cfg.warm_cache, warm)
+    policy, result = run_policy(workload, timing, unit, cfg.policy, capacity, cfg.per_layer, cfg.warm_cache, warm,
+                                history)
     metrics = result.summary()
     extra = {}
     if cfg.bounds:
@@ -159,7 +186,7 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
                   hardware_sha256=profile.sha256, model_spec=spec.name, draft_spec=draft.name if draft else None,
                   cache_slots=capacity, per_layer=cfg.per_layer, expert_dtype=cost.expert_dtype,
                   allow_topology_mismatch=cfg.allow_topology_mismatch, warm_cache=cfg.warm_cache,
-                  warmup_steps=cfg.warmup_steps)
+                  warmup_steps=cfg.warmup_steps, profile_traces=profiled)
     return make_record(
         "simulate", "simulated", config, metrics,
         profile={"name": profile.name, "sha256": profile.sha256, "path": profile.path,

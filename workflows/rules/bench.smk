@@ -36,6 +36,7 @@ rule simulate_cell:
     # spec's cost (seconds). {draft} is 'none' for autoregressive methods: no draft is charged.
     input:
         trace=get_trace,
+        profile=get_profile_traces,
     output:
         "results/simulated/{hardware}/{spec}/{draft}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.json",
     log:
@@ -47,8 +48,9 @@ rule simulate_cell:
         policy=get_policy,
         draft=get_draft_spec_arg,
         bounds=get_bounds_flag,
+        profile=get_profile_args,
     shell:
-        "moespac bench --timing simulated --from-trace {input.trace} --hardware {wildcards.hardware:q}"
+        "moespac bench --timing simulated --from-trace {input.trace} {params.profile} --hardware {wildcards.hardware:q}"
         " --model-spec {wildcards.spec:q} {params.draft} --allow-topology-mismatch --benchmark {wildcards.benchmark:q}"
         " --policy {params.policy:q} --cache-ratio {wildcards.cache} {params.bounds} --no-progress --out {output}"
         " > {log} 2>&1"

@@ -8,6 +8,7 @@ from snakemake.utils import validate
 
 from moespac.bench.datasets import BENCHMARKS as KNOWN_BENCHMARKS
 from moespac.models.micro import ARCHS as MICRO_ARCHS
+from moespac.registry import make_policy
 from moespac.study import check_limits, check_names, get_method, k_method
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -192,6 +193,23 @@ def get_trace(wildcards):
         wildcards.batch,
         wildcards.tokens,
     )
+
+
+def get_profile_traces(wildcards):
+    """The profiling run of a method that reads one (static placements, MoE-Infinity): the traces of the other
+    benchmarks' prompts at the simulation's settings, never the replayed ones; none for other methods."""
+    if not make_policy(get_method(wildcards.method).policy).uses_profile():
+        return []
+    gamma = SIM["gamma"] if int(wildcards.gamma) > 0 else 0
+    return [
+        trace_file(wildcards.pair, b, gamma, 1, SIM["max_new_tokens"])
+        for b in BENCHMARKS
+        if b != wildcards.benchmark
+    ]
+
+
+def get_profile_args(wildcards, input):
+    return " ".join(f"--profile-trace {quote(p)}" for p in as_list(input.profile))
 
 
 def get_draft_spec_arg(wildcards):
