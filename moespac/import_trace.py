@@ -1,0 +1,350 @@
+"""Turn per-token expert routing that a serving stack hands out into a moespac activation trace.
+
+Formats (`--format`):
+
+sglang  One SGLang response per line, as a user saves them (`json.dumps(response)`; a batched `/generate`
+        call's JSON list of responses may stand on one line), from a server launched with
+        `--enable-return-routed-experts`, each request carrying `"return_routed_experts": true`. Read:
+        - `meta_info.routed_experts`: base64 of the raw bytes of a C-order little-endian int32 array
+          [prompt_tokens + completion_tokens - 1, num_hidden_layers, num_experts_per_tok]: row p is the
+          routing of the token at position p, prompt first; the last emitted token never ran a forward, so it
+          has no row. Every decoder layer has a row slot (a dense layer's stays 0), so the array says nothing of
+          where layers end: the model spec (or --top-k) splits it. SGLang returns no router weights.
+        - `meta_info.prompt_tokens`, `completion_tokens`, `id`; and, from a server running speculative
+          decoding, `spec_accept_rate` (accepted / proposed drafts) and `spec_verify_ct` (verify forwards).
+        - OpenAI-compatible responses carry the same string as `sglext.routed_experts`, the counts in `usage`.
+        A request sent with `routed_experts_start_len` > 0 returns fewer rows and is refused.
+        Sources (sgl-project/sglang): python/sglang/srt/layers/moe/routed_experts_capturer.py @ d4d0fc58
+        (int32 host buffer [tokens, num_hidden_layers, num_experts_per_tok]; `get_routed_experts` returns the
+        rows of req_to_token[:seqlen - 1]; `extract_routed_experts_from_meta_info` decodes base64 -> int32);
+        managers/schedule_batch.py (`Req.seqlen` = len(origin_input_ids) + len(output_ids)); managers/
+        detokenizer_manager.py `_extract_routed_experts` and tokenizer_manager.py `_handle_batch_output`
+        (b64encode(tensor.numpy().tobytes()) into meta_info["routed_experts"]; `spec_*` fields); managers/
+        io_struct.py (`GenerateReqInput.return_routed_experts`, `routed_experts_start_len`). The expert
+        distribution recorder's per_token mode (eplb/expert_distribution.py @ 02295fe5) is not read: it
+        torch.saves `expert_distribution_recorder_{time}_{rank}.pt` with one record per forward pass
+        (input_ids, positions, extend_seq_lens, forward_mode, topk_ids_of_layer int32 [L, tokens, 8] of
+        physical ids, -1 padded) and last_physical_to_logical_map, but no request ids.
+
+jsonl   Ours, for a vLLM or HF forward hook: one JSON object per (request, token),
+            {"request": str | int, "token": int, "prefill": bool,
+             "layers": [[id, ...] per MoE layer], "weights": [[w, ...] per MoE layer]}
+        `token` is the position in the request, 0-based, prompt tokens first (`prefill: true`); `weights` is
+        optional (absent on every line: uniform 1/k). Lines of different requests may interleave; a request's
+        tokens come in order. Every line has the same layers and top-k.
+
+Step structure. A request's prompt tokens are one prefill step (it emits the first token). Its decoded tokens
+become, in order, verify steps of gamma + 1 tokens (the last one shorter), or one-token AR steps at gamma 0.
+Verify step j (0-based within its request) accepts a_j = floor((j + 1) A gamma + 1/2) - floor(j A gamma + 1/2)
+drafts and emits a_j + 1 tokens, A being the acceptance read as the decimal written: after n steps the request
+has accepted round(n A gamma) drafts, as close to A per drafted token as whole steps allow. Every row is a
+token the server decoded: the draft's rejected tokens are not in such a trace (the server never showed them),
+so a verify step's tokens stand for the tokens a verification ran, and its emitted count is modelled, not seen.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from moespac.errors import MoespacError
+from moespac.models.registry import ModelSpec
+from moespac.policy import Topology
+from moespac.trace import _STEP_ARRAYS, KINDS, SCHEMA_VERSION, Trace
+
+FORMATS = {"sglang": "sglang-routed-experts", "jsonl": "jsonl"}
+NOT_SEEN = ("the draft's rejected tokens are not in this trace: every row is a token the server decoded, grouped "
+            "in order into verify steps; accepted and emitted counts follow the acceptance, not the server")
+
+
+@dataclass
+class Request:
+    """One request's routing as read, before it becomes steps."""
+
+    name: str
+    prompt: int  # rows 0..prompt-1 are the prompt
+    ids: np.ndarray  # int [tokens, L, k]
+    weights: np.ndarray | None  # float [tokens, L, k]; None = not given
+    accept_rate: float | None = None  # SGLang's spec_accept_rate and spec_verify_ct, when it drafted
+    verify_ct: int = 0
+
+
+def _json_lines(path: Path):
+    """(line number, parsed JSON) of each non-blank line."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield n, json.loads(line)
+                except ValueError as e:
+                    raise MoespacError(f"{path}:{n}: not JSON ({e.msg})") from None
+
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def read_sglang(path: Path, num_experts: int, num_layers: int | None, top_k: int) -> list[Request]:
+    """SGLang responses -> requests. num_layers None: the rows' width / top_k (no spec to say it)."""
+    out = []
+    for n, obj in _json_lines(path):
+        batch = obj if isinstance(obj, list) else [obj]
+        for i, resp in enumerate(batch):
+            where = f"{path}:{n}" + (f": response {i}" if isinstance(obj, list) else "")
+            out.append(_sglang_request(resp, where, num_experts, num_layers, top_k))
+            num_layers = out[0].ids.shape[1]  # the first response fixes the layers of the rest
+    if not out:
+        raise MoespacError(f"{path}: holds no responses")
+    return out
+
+
+def _sglang_request(resp, where: str, num_experts: int, num_layers: int | None, top_k: int) -> Request:
+    if not isinstance(resp, dict):
+        raise MoespacError(f"{where}: not a JSON object (an SGLang response)")
+    if "meta_info" in resp:
+        meta = resp["meta_info"]
+    elif "sglext" in resp:  # OpenAI-compatible endpoints: the string in sglext, the counts in usage
+        meta = dict(resp.get("usage") or {}, routed_experts=(resp["sglext"] or {}).get("routed_experts"),
+                    id=resp.get("id"))
+    else:
+        raise MoespacError(f"{where}: missing field 'meta_info' (not an SGLang /generate response)")
+    if not isinstance(meta, dict):
+        raise MoespacError(f"{where}: meta_info is not a JSON object")
+    for key in ("routed_experts", "prompt_tokens", "completion_tokens"):
+        if meta.get(key) is None:
+            hint = " (server needs --enable-return-routed-experts, the request return_routed_experts)" \
+                if key == "routed_experts" else ""
+            raise MoespacError(f"{where}: missing field 'meta_info.{key}'{hint}")
+    prompt, done, text = meta["prompt_tokens"], meta["completion_tokens"], meta["routed_experts"]
+    if not (_int(prompt) and _int(done) and prompt >= 0 and done >= 0):
+        raise MoespacError(f"{where}: prompt_tokens / completion_tokens must be counts")
+    if prompt == 0 or not text:
+        raise MoespacError(f"{where}: request with no tokens (prompt_tokens {prompt}, routed_experts "
+                           f"{'empty' if not text else 'given'})")
+    if done == 0:
+        raise MoespacError(f"{where}: completion_tokens 0: SGLang returns no routing for the last prompt token")
+    try:
+        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else None
+    except (binascii.Error, ValueError):
+        raw = None
+    if raw is None or len(raw) % 4:
+        raise MoespacError(f"{where}: meta_info.routed_experts is not base64 of int32 values")
+    flat = np.frombuffer(raw, dtype="<i4")
+    rows = prompt + done - 1
+    width = num_layers * top_k if num_layers else None
+    if flat.size % rows or (width and flat.size != rows * width) or (flat.size // rows) % top_k:
+        shape = f"{num_layers} layers x top-k {top_k}" if num_layers else f"layers x top-k {top_k}"
+        raise MoespacError(f"{where}: routed_experts holds {flat.size} ids, not (prompt_tokens {prompt} + "
+                           f"completion_tokens {done} - 1) rows x {shape} (another model, or routed_experts_start_len > 0?)")
+    ids = flat.reshape(rows, -1, top_k)
+    _check_range(ids, num_experts, where)
+    rate = meta.get("spec_accept_rate")
+    return Request(str(meta.get("id") or where), prompt, ids, None,
+                   float(rate) if isinstance(rate, (int, float)) and meta.get("spec_verify_ct") else None,
+                   int(meta.get("spec_verify_ct") or 0))
+
+
+def _check_range(ids: np.ndarray, num_experts: int, where: str) -> None:
+    """ids int [tokens, L, k] (one token: [L, k]) lie in [0, num_experts)."""
+    bad = (ids < 0) | (ids >= num_experts)
+    if bad.any():
+        at = np.argwhere(bad)[0]
+        token = f"token {at[0]}, " if ids.ndim == 3 else ""
+        raise MoespacError(f"{where}: expert id {int(ids[tuple(at)])} outside [0, {num_experts}) "
+                           f"({token}layer {at[-2]})")
+
+
+def _grid(value, name: str, where: str, is_number) -> list:
+    """A [layers][k] list of numbers, or one line naming what is wrong with it."""
+    if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
+        raise MoespacError(f"{where}: {name} must be a non-empty list of per-layer lists")
+    widths = sorted({len(r) for r in value})
+    if len(widths) > 1:
+        raise MoespacError(f"{where}: ragged {name}: its layers hold {widths} entries")
+    if widths[0] == 0 or not all(is_number(x) for r in value for x in r):
+        raise MoespacError(f"{where}: {name} must hold {'integers' if name == 'layers' else 'numbers'}")
+    return value
+
+
+def read_jsonl(path: Path, num_experts: int) -> list[Request]:
+    """Our plain format (module docstring) -> requests, in order of first appearance."""
+    reqs: dict = {}  # request -> dict(line, prompt, ids, weights)
+    first = None  # (line, layers, k, has weights) of the file's first record
+    for n, obj in _json_lines(path):
+        where = f"{path}:{n}"
+        if not isinstance(obj, dict):
+            raise MoespacError(f"{where}: not a JSON object")
+        for key in ("request", "token", "prefill", "layers"):
+            if key not in obj:
+                raise MoespacError(f"{where}: missing field {key!r}")
+        name, pos, prefill = obj["request"], obj["token"], obj["prefill"]
+        if not (isinstance(name, str) or _int(name)) or not (_int(pos) and pos >= 0) or not isinstance(prefill, bool):
+            raise MoespacError(f"{where}: request must be a string or integer, token a position >= 0, prefill a bool")
+        ids = np.asarray(_grid(obj["layers"], "layers", where, _int), dtype=np.int64)
+        w = obj.get("weights")
+        if w is not None:
+            finite = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            w = np.asarray(_grid(w, "weights", where, finite), dtype=np.float32)
+            if w.shape != ids.shape:
+                raise MoespacError(f"{where}: weights {list(w.shape)} do not match layers {list(ids.shape)}")
+        L, k = ids.shape
+        if first is None:
+            first = (n, L, k, w is not None)
+        elif (L, k) != first[1:3]:
+            what = f"top-k {k} differs from" if L == first[1] else f"{L} layers differ from"
+            raise MoespacError(f"{where}: {what} line {first[0]}'s ({first[1]} layers x top-k {first[2]})")
+        elif (w is not None) != first[3]:
+            raise MoespacError(f"{where}: weights {'given' if w is not None else 'absent'}, but "
+                               f"{'absent' if w is not None else 'given'} on line {first[0]} (all lines or none)")
+        _check_range(ids, num_experts, where)
+        r = reqs.setdefault(name, dict(line=n, prompt=0, ids=[], weights=[]))
+        if pos != len(r["ids"]):
+            raise MoespacError(f"{where}: request {name!r}: token {pos} out of order (expected {len(r['ids'])})")
+        if prefill and r["prompt"] != pos:
+            raise MoespacError(f"{where}: request {name!r}: prefill token {pos} after a decoded token")
+        r["prompt"] += prefill
+        r["ids"].append(ids)
+        r["weights"].append(w)
+    if not reqs:
+        raise MoespacError(f"{path}: holds no records")
+    out = []
+    for name, r in reqs.items():
+        if r["prompt"] == 0:
+            raise MoespacError(f"{path}:{r['line']}: request {name!r} has no prefill tokens (a request starts "
+                               f"with its prompt)")
+        out.append(Request(str(name), r["prompt"], np.stack(r["ids"]),
+                           np.stack(r["weights"]) if first[3] else None))
+    return out
+
+
+def step_rows(prompt: int, decoded: int, gamma: int, acceptance: float | None) -> list[tuple]:
+    """(kind, tokens, gamma, accepted, emitted) of one request's steps (the rule of the module docstring)."""
+    rows = [("prefill", prompt, 0, 0, 1)]
+    if gamma == 0:
+        return rows + [("ar", 1, 0, 0, 1)] * decoded
+    per_step = Fraction(str(acceptance)) * gamma  # the decimal as written: 0.8 is 4/5, not 0.8000000000000000444
+    done = 0
+    for j, start in enumerate(range(0, decoded, gamma + 1)):
+        total = math.floor((j + 1) * per_step + Fraction(1, 2))
+        rows.append(("verify", min(gamma + 1, decoded - start), gamma, total - done, total - done + 1))
+        done = total
+    return rows
+
+
+def _acceptance(requests: list[Request], given: float | None, gamma: int, path: Path) -> tuple[float | None, str]:
+    """(acceptance, where it came from)."""
+    if gamma == 0:
+        return None, "none (gamma 0: autoregressive steps)"
+    if given is not None:
+        if not 0.0 <= given <= 1.0:
+            raise MoespacError(f"--acceptance {given} outside [0, 1]")
+        return given, "given"
+    rated = [r for r in requests if r.accept_rate is not None]
+    if not rated:
+        raise MoespacError(f"{path}: no acceptance in the data (no spec_accept_rate: the server did not draft); "
+                           f"give --acceptance")
+    if len(rated) < len(requests):
+        missing = next(r.name for r in requests if r.accept_rate is None)
+        raise MoespacError(f"{path}: request {missing} has no spec_accept_rate while others do; give --acceptance")
+    verifies = sum(r.verify_ct for r in rated)
+    a = sum(r.accept_rate * r.verify_ct for r in rated) / verifies
+    return round(a, 6), (f"trace: SGLang meta_info spec_accept_rate of {len(rated)} requests, weighted by "
+                         f"spec_verify_ct (the server's own draft length, which --gamma may not match)")
+
+
+def _moe_layers(requests: list[Request], spec: ModelSpec | None, path: Path) -> int:
+    """Drop a spec's leading dense layers when the data has a row slot for every decoder layer (SGLang does);
+    returns how many were dropped."""
+    L = requests[0].ids.shape[1]
+    if spec is None or L == spec.num_moe_layers:
+        return 0
+    if L != spec.num_layers:
+        raise MoespacError(f"{path}: {L} layers in the data, but model spec {spec.name!r} has {spec.num_layers} "
+                           f"layers, {spec.num_moe_layers} of them MoE")
+    dense = spec.num_layers - spec.num_moe_layers  # the registry's dense layers lead (first_k_dense_replace)
+    for r in requests:
+        r.ids = r.ids[:, dense:]
+        r.weights = None if r.weights is None else r.weights[:, dense:]
+    return dense
+
+
+def import_trace(path: str | Path, fmt: str, gamma: int = 8, acceptance: float | None = None,
+                 spec: ModelSpec | None = None, num_experts: int | None = None,
+                 top_k: int | None = None) -> tuple[Trace, dict]:
+    """Read `path` in `fmt` and build the trace; returns (trace, a small summary for the record)."""
+    path = Path(path)
+    if gamma < 0:
+        raise MoespacError(f"--gamma {gamma} must be >= 0")
+    requests, E = _read(path, fmt, spec, num_experts, top_k)
+    dropped = _moe_layers(requests, spec, path)
+    A, source = _acceptance(requests, acceptance, gamma, path)
+    k = requests[0].ids.shape[2]
+
+    rows = [(r, *row) for r, q in enumerate(requests) for row in step_rows(q.prompt, len(q.ids) - q.prompt, gamma, A)]
+    names = ("step_request", "step_kind", "step_tokens", "step_gamma", "step_accepted", "step_emitted")
+    cols = dict(zip(names, map(list, zip(*rows))))
+    cols["step_kind"] = [KINDS.index(kind) for kind in cols["step_kind"]]
+    steps = {name: np.asarray(cols[name], dtype=dtype) for name, dtype in _STEP_ARRAYS.items()}
+    ids = np.concatenate([r.ids for r in requests])
+    given = requests[0].weights is not None
+    weights = np.concatenate([r.weights for r in requests]) if given else np.full(ids.shape, 1.0 / k)
+    topology = Topology(ids.shape[1], E, k)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    weights_note = "given" if given else \
+        f"uniform 1/k: {'SGLang returns no router weights' if fmt == 'sglang' else 'the file gives none'}"
+    structure = NOT_SEEN if gamma else "every decoded token is one autoregressive step"
+    meta = dict(schema_version=SCHEMA_VERSION, trace_id=f"import-{fmt}-{sha[:12]}", imported=True,
+                source=FORMATS[fmt], source_file=path.name, source_sha256=sha, batch_size=1, gamma=gamma,
+                acceptance=A, acceptance_source=source, weights=weights_note, structure=structure,
+                dense_layers_dropped=dropped, requests=len(requests), topology=topology.__dict__,
+                model_spec=spec.to_dict() if spec else None)
+    trace = Trace(meta=meta, steps=steps, topk_ids=ids.astype(np.int16), topk_weights=weights.astype(np.float16))
+    trace.validate(f"import {path}")
+    verify = steps["step_kind"] == KINDS.index("verify")
+    summary = dict(
+        source=FORMATS[fmt], file=str(path), sha256=sha, trace_id=meta["trace_id"], requests=[r.name for r in requests],
+        prompt_tokens=sum(r.prompt for r in requests), decoded_tokens=sum(len(r.ids) - r.prompt for r in requests),
+        steps={kind: int((steps["step_kind"] == i).sum()) for i, kind in enumerate(KINDS)}, gamma=gamma,
+        acceptance=A, acceptance_source=source, realized_acceptance=(
+            float(steps["step_accepted"][verify].sum() / (gamma * verify.sum())) if verify.any() else None),
+        weights=weights_note, structure=structure, topology=topology.__dict__, dense_layers_dropped=dropped,
+        model_spec=spec.name if spec else None)
+    return trace, summary
+
+
+def _read(path: Path, fmt: str, spec: ModelSpec | None, num_experts: int | None,
+          top_k: int | None) -> tuple[list[Request], int]:
+    """(requests, experts per layer), the options checked against each other and the data."""
+    if fmt not in FORMATS:
+        raise MoespacError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    if not path.is_file():
+        raise MoespacError(f"{path}: no such file")
+    if (spec is None) == (num_experts is None):
+        raise MoespacError("give the expert count: --model-spec NAME or --num-experts E (one of them)")
+    if spec is not None and not spec.is_moe:
+        raise MoespacError(f"model spec {spec.name!r} is dense: no experts to import")
+    if top_k is not None and (spec is not None or fmt != "sglang"):
+        raise MoespacError("--top-k is for --format sglang without --model-spec (otherwise the spec or the data says it)")
+    E = spec.num_experts if spec else num_experts
+    if E < 1:
+        raise MoespacError(f"--num-experts {E} must be >= 1")
+    if fmt == "jsonl":
+        requests = read_jsonl(path, E)
+    else:
+        k = spec.top_k if spec else top_k
+        if not k or k < 1:
+            raise MoespacError("--format sglang needs --model-spec or --top-k: SGLang's flat array does not say "
+                               "where one layer's experts end")
+        requests = read_sglang(path, E, spec.num_layers if spec else None, k)
+    if spec is not None and requests[0].ids.shape[2] != spec.top_k:
+        raise MoespacError(f"{path}: top-k {requests[0].ids.shape[2]} in the data, but model spec {spec.name!r} "
+                           f"routes {spec.top_k}")
+    return requests, E
