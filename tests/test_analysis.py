@@ -176,6 +176,23 @@ def test_a_row_that_is_not_its_system_says_so(tmp_path):
         assert bench_row(measured)["note"] == note and bench_row(dict(measured, timing="simulated"))["note"] is None
 
 
+def test_table3_says_how_each_trace_stands_for_its_model():
+    """A 128-expert top-8 trace mapped onto a 256-expert model reaches half of its experts; onto a 64-expert
+    top-6 one it is folded and routes top-8: the Model column says so in words."""
+    assert tables.mapping_tag("modulo: spec layer l replays trace layer l mod 12, trace expert e -> e mod 256 (trace "
+                              "num_layers=12 != spec num_moe_layers=48; trace num_experts=128 != spec num_experts=256)") \
+        == "mapped: layers by modulo; trace reaches 128 of its 256 experts"
+    assert tables.mapping_tag("modulo: ... (trace num_layers=12 != spec num_moe_layers=26; trace num_experts=128 != spec "
+                              "num_experts=64; trace top_k=8 != spec top_k=6)") == \
+        "mapped: layers by modulo; trace's 128 experts folded onto 64; routes the trace's top-8, not its top-6"
+    assert tables.mapping_tag(None) == "trace of this shape"
+    df = rows(("simulated", "moespac", "mt-bench", 20.0, 1.0), ("simulated", "hybrimoe", "mt-bench", 10.0, 2.0))
+    df["model"] = "minimax-m2.5 experts (trace layers/experts mapped)"
+    df["mapping"] = "x (trace num_experts=128 != spec num_experts=256)"
+    _, blocks = tables.table3(df)
+    assert {r[1] for r in blocks[0].rows} == {"minimax-m2.5 (mapped: trace reaches 128 of its 256 experts)"}
+
+
 def test_cells_and_latex():
     assert cell(1.5, "wrapped", 2.0) == "1.50 W (paper 2.00)"
     assert cell(float("nan"), "simulated", 2.0) == "– (paper 2.00)"
@@ -226,7 +243,7 @@ def test_table4_and_table3_put_the_papers_numbers_beside_ours():
     t3["model"] = "deepseek-v2-lite experts (trace layers/experts mapped)"
     _, (block,) = tables.table3(t3)
     by = {r[2]: r for r in block.rows}
-    assert by["MoE-SpAc"] == ["rtx4090-pcie4", "deepseek-v2-lite", "MoE-SpAc", "40.00 S (paper 47.26)"]
+    assert by["MoE-SpAc"] == ["rtx4090-pcie4", "deepseek-v2-lite (trace of this shape)", "MoE-SpAc", "40.00 S (paper 47.26)"]
     assert by["Rel. Improv."][3] == "+100.0% S"
 
 

@@ -25,7 +25,7 @@ WRAPPED_LABELS = {"moespac-release": "MoE-SpAc (authors' release)"}
 COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "speculative", "gamma", "batch_size",
            "max_new_tokens", "cache_ratio", "proxy_prompts", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
            "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
-           "skipped", "skip_reason", "draft_charged", "note", "config_hash"]
+           "skipped", "skip_reason", "draft_charged", "note", "mapping", "config_hash"]
 # a measured row of a baseline is our engine running that system's policy, not the system itself (that is a W row)
 ENGINE_NOTE = "this engine running its policy"
 
@@ -134,7 +134,7 @@ def bench_row(rec: dict) -> dict:
         host_share=_num(m.get("host_share")), a_over_b=_num(cost.get("a_over_b")),
         a_over_b_per_token=_num(cost.get("per_token")), hot_cold_accuracy=_num(m.get("hot_cold_accuracy")),
         requests=m.get("requests"), skipped=False, skip_reason=None, draft_charged=draft_charged,
-        note=_bench_note(rec))
+        note=_bench_note(rec), mapping=(rec.get("simulation") or {}).get("topology_mapping"))
 
 
 def _bench_note(rec: dict) -> str | None:

@@ -193,6 +193,25 @@ def table2(rows: pd.DataFrame):
 
 # ---- Table 3 -----------------------------------------------------------------------------------------------
 
+def mapping_tag(mapping) -> str:
+    """How a trace of another shape stands for a model, in a few words: which of its experts the trace can
+    reach and whose top-k it routes (from the record's topology_mapping)."""
+    import re
+
+    if not isinstance(mapping, str) or not mapping:
+        return "trace of this shape"
+    parts = ["layers by modulo"] if "num_layers" in mapping else []
+    e = re.search(r"trace num_experts=(\d+) != spec num_experts=(\d+)", mapping)
+    if e and int(e[1]) < int(e[2]):
+        parts.append(f"trace reaches {e[1]} of its {e[2]} experts")
+    elif e:
+        parts.append(f"trace's {e[1]} experts folded onto {e[2]}")
+    k = re.search(r"trace top_k=(\d+) != spec top_k=(\d+)", mapping)
+    if k:
+        parts.append(f"routes the trace's top-{k[1]}, not its top-{k[2]}")
+    return "mapped: " + "; ".join(parts) if parts else "trace of this shape"
+
+
 def table3(rows: pd.DataFrame):
     ref = paper.table3()
     rows = rows.copy()
@@ -206,12 +225,14 @@ def table3(rows: pd.DataFrame):
         body = []
         for (hw, spec), grp in part.groupby(["hardware", "spec"], sort=False):
             tps = _pivot(grp, "tps", "label", "benchmark").reindex(columns=cols)
+            mapped = grp["mapping"].dropna()
+            model = f"{spec} ({mapping_tag(mapped.iloc[0] if len(mapped) else None)})"  # how the trace stands for it
             for label in dict.fromkeys(grp["label"]):
-                body.append([str(hw), spec, shown(grp, label)] + [
+                body.append([str(hw), model, shown(grp, label)] + [
                     cell(tps.loc[label, b], timing, paper.lookup(ref, "tps", spec=spec, method=label, benchmark=b, profile=hw))
                     for b in cols])
             imp = [relative_improvement(tps[b]) for b in cols]
-            body.append([str(hw), spec, "Rel. Improv."] + [_pct(x, timing, None) for x in imp])
+            body.append([str(hw), model, "Rel. Improv."] + [_pct(x, timing, None) for x in imp])
         sources = sorted({str(s) for s in part["source"].dropna()})
         notes = [f"numbers from: {s}" for s in sources[:3]] + _notes(part)
         if timing == "simulated":
