@@ -57,12 +57,12 @@ def test_table1_keeps_timing_blocks_apart_and_computes_relative_improvement():
     assert all("(paper N) = the paper's own run (RTX 4090" in b.title and "not this hardware nor this model"
                in b.title for b in blocks)
     sim_tps = {r[0]: r for r in blocks[0].rows}
-    assert sim_tps["MoE-SpAc"][1] == "30.00 S (paper 27.82)"
+    assert sim_tps["MoE-SpAc"][1] == "30.00 S n=1 (paper 27.82)"  # one request: no interval
     assert sim_tps["Rel. Imprv. (MoE-SpAc vs the best Table 1 baseline here)"][1] == "+50.0% S (paper +46.2%)"
     # the simulated block has no qa cell: its Average is left empty rather than averaged over fewer benchmarks
     assert blocks[0].columns == ["Method", "GSM8K", "Average"]
     meas = {r[0]: r for r in blocks[2].rows}
-    assert meas["MoE-SpAc"][1:] == ["3.00 M (paper 27.82)", "5.00 M (paper 23.56)", "4.00 M (paper 25.06)"]
+    assert meas["MoE-SpAc"][1:] == ["3.00 M n=1 (paper 27.82)", "5.00 M n=1 (paper 23.56)", "4.00 M (paper 25.06)"]
     avg = long[(long["benchmark"] == "average") & (long["timing"] == "measured") & long["tps"].notna()]
     assert avg["tps"].tolist() == [4.0]
 
@@ -136,6 +136,11 @@ def test_audit_sets_moespac_against_the_best_baseline_and_the_ablations_directio
     assert "MoE-SpAc over llama.cpp-w/ SD +25.0 % (paper +41.9 %): supports the claim's direction" in lines[0]
     assert ("MoE-SpAc against the best baseline here, HybriMoE (25.00 TPS), -20.0 %" in lines[1]
             and "does not support it; faster than MoE-SpAc here: HybriMoE" in lines[1])  # the oracle is no baseline
+    assert "no benchmark has intervals for both (one request per cell)" in lines[2]
+    df.loc[df["method"] == "moespac", ["tps_lo", "tps_hi"]] = (19.0, 21.0)
+    df.loc[df["method"] == "hybrimoe", ["tps_lo", "tps_hi"]] = (24.0, 26.0)
+    tables.table1(df, ["gsm8k"])[0].to_csv(tmp_path / "t1.csv", index=False)
+    assert audit.our_comparison(tmp_path / "t1.csv")[2].endswith("the 95 % intervals separate on 1 of 1 benchmarks (gsm8k)")
     t2 = rows(("simulated", "moespac", "gsm8k", 20.0, 1.0), ("simulated", "moespac-no-adabc", "gsm8k", 22.0, 1.0),
               ("simulated", "moespac-no-hetwb", "gsm8k", 18.0, 1.0), ("simulated", "moespac-released", "gsm8k", 30.0, 1.0))
     long2, _ = tables.table2(t2)
@@ -193,6 +198,34 @@ def test_table3_says_how_each_trace_stands_for_its_model():
     assert {r[1] for r in blocks[0].rows} == {"minimax-m2.5 (mapped: trace reaches 128 of its 256 experts)"}
 
 
+def test_a_cell_shows_the_95_percent_interval_of_its_mean_over_requests(tmp_path):
+    """A cell of several requests shows its mean, its seeded bootstrap interval and n; the same record always
+    draws the same interval; one request shows n=1 and no interval."""
+    import json
+    from pathlib import Path
+
+    from moespac.analysis.intervals import mean_interval, separate
+    from moespac.analysis.records import load_rows
+
+    lo, hi = mean_interval([10.0, 12.0, 14.0, 16.0], "k")
+    assert 10.0 <= lo < 13.0 < hi <= 16.0 and (lo, hi) == mean_interval([10.0, 12.0, 14.0, 16.0], "k")
+    assert mean_interval([10.0], "k") is None and mean_interval([10.0, float("nan")], "k") is None
+    assert separate((1, 2), (3, 4)) and not separate((1, 3), (2, 4)) and not separate(None, (1, 2))
+    rec = json.loads((Path(__file__).parent / "fixtures" / "record_simulated.json").read_text())
+    for r, tps in zip(rec["requests"], (20.0, 30.0)):
+        r["tokens_per_s"] = tps
+    rec["metrics"]["tokens_per_s"]["mean"] = 25.0
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rec))
+    row = load_rows([path]).iloc[0]
+    assert (row["tps_lo"], row["tps_hi"]) == mean_interval([20.0, 30.0], f"{rec['config_hash']}:tps")
+    assert 20.0 <= row["tps_lo"] <= row["tps_hi"] <= 30.0 and row["requests"] == 2
+    _, blocks = tables.table1(load_rows([path]), ["gsm8k"])
+    shown = blocks[0].rows[0][1]
+    assert shown == f"25.00 S [{row['tps_lo']:.2f}, {row['tps_hi']:.2f}] n=2 (paper 27.82)"
+    assert any(n.startswith("[lo, hi] n=N after a number: the 95 % interval") for n in blocks[0].notes)
+
+
 def test_cells_and_latex():
     assert cell(1.5, "wrapped", 2.0) == "1.50 W (paper 2.00)"
     assert cell(float("nan"), "simulated", 2.0) == "– (paper 2.00)"
@@ -236,14 +269,15 @@ def test_table4_and_table3_put_the_papers_numbers_beside_ours():
     df["batch_size"], df["gamma"] = [1, 1, 2], [2, 8, 8]
     _, (block,) = tables.table4(df)
     assert block.columns == ["Batch \\ gamma", "2", "8"]
-    assert block.rows == [["1", "10.00 S (paper 20.79)", "12.00 S (paper 24.10)"], ["2", "– (paper 20.67)", "11.00 S (paper 26.01)"]]
+    assert block.rows == [["1", "10.00 S n=1 (paper 20.79)", "12.00 S n=1 (paper 24.10)"],
+                          ["2", "– (paper 20.67)", "11.00 S n=1 (paper 26.01)"]]
     assert block.notes[0].startswith("best gamma per batch size (ours): {1: 8, 2: 8}")
 
     t3 = rows(("simulated", "moespac", "humaneval", 40.0, 1.0), ("simulated", "hybrimoe", "humaneval", 20.0, 2.0))
     t3["model"] = "deepseek-v2-lite experts (trace layers/experts mapped)"
     _, (block,) = tables.table3(t3)
     by = {r[2]: r for r in block.rows}
-    assert by["MoE-SpAc"] == ["rtx4090-pcie4", "deepseek-v2-lite (trace of this shape)", "MoE-SpAc", "40.00 S (paper 47.26)"]
+    assert by["MoE-SpAc"] == ["rtx4090-pcie4", "deepseek-v2-lite (trace of this shape)", "MoE-SpAc", "40.00 S n=1 (paper 47.26)"]
     assert by["Rel. Improv."][3] == "+100.0% S"
 
 
@@ -418,6 +452,6 @@ def test_table1_shows_skipped_wrapped_systems_as_skipped_with_the_reason_and_nam
     assert "simulated draft cost charged to speculative rows: qwen3-4b-fp8 (given)" in sim.notes
     by = {r[0]: r for r in wrapped.rows}
     assert by["vLLM"][1:] == ["skipped", "skipped", "skipped"]
-    assert by["Accelerate"][1:] == ["5.00 W (paper 1.21)", "7.00 W (paper 1.16)", "6.00 W (paper 1.17)"]
+    assert by["Accelerate"][1:] == ["5.00 W n=1 (paper 1.21)", "7.00 W n=1 (paper 1.16)", "6.00 W (paper 1.17)"]
     assert "vLLM: skipped, not run here on gsm8k, qa (needs CUDA)" in wrapped.notes
     assert not any("draft cost" in n for n in wrapped.notes)

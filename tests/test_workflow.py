@@ -190,7 +190,7 @@ def test_tiny_study_end_to_end(tiny_study):
     bound = tps["Infinite cache w/ SD (bound)"]  # of the SD trace: bounds the rows replayed on it
     assert max(tps["MoE-SpAc"], tps["Offline oracle w/ SD (reference)"]) <= bound * (1 + 1e-9)
     md = (figs / "table1.md").read_text()
-    assert "simulated on rtx4090-pcie4" in md and " S (paper 27.82)" in md and " M (paper 27.82)" in md
+    assert "simulated on rtx4090-pcie4" in md and " S n=1 (paper 27.82)" in md and " M n=1 (paper 27.82)" in md
     assert "- simulated draft cost charged to speculative rows: qwen3-4b-fp8 (given)" in md
     # wrapped: Accelerate ran on this CPU; vLLM and the release cannot (no CUDA) and say why, with no number
     wrapped = cells[cells["timing"] == "wrapped"].set_index("label")

@@ -25,7 +25,8 @@ WRAPPED_LABELS = {"moespac-release": "MoE-SpAc (authors' release)"}
 COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "speculative", "gamma", "batch_size",
            "max_new_tokens", "cache_ratio", "proxy_prompts", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
            "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
-           "skipped", "skip_reason", "draft_charged", "note", "mapping", "config_hash"]
+           "skipped", "skip_reason", "draft_charged", "note", "mapping", "tps_lo", "tps_hi", "latency_lo", "latency_hi",
+           "config_hash"]
 # a measured row of a baseline is our engine running that system's policy, not the system itself (that is a W row)
 ENGINE_NOTE = "this engine running its policy"
 
@@ -182,6 +183,18 @@ def _offline_proxy(benchmark) -> bool:
         return False
 
 
+def _intervals(rec: dict, tps_key: str) -> dict:
+    """95 % intervals of the row's TPS and latency means over its requests (NaN with fewer than two)."""
+    from moespac.analysis.intervals import mean_interval
+
+    requests = rec.get("requests") if isinstance(rec.get("requests"), list) else []
+    out = {}
+    for col, key in (("tps", tps_key), ("latency", "latency_s")):
+        ci = mean_interval([r.get(key) for r in requests], f"{rec.get('config_hash')}:{col}")
+        out[f"{col}_lo"], out[f"{col}_hi"] = ci if ci else (None, None)
+    return out
+
+
 def record_row(path, rec: dict | None = None) -> dict:
     """One record file (already read: `rec`) -> one row (MoespacError for a failure record or an unknown kind)."""
     from moespac.bench.records import validate_record
@@ -195,9 +208,9 @@ def record_row(path, rec: dict | None = None) -> dict:
         raise MoespacError(f"record {path}: {str(e).removeprefix('record: ')}") from None
     kind = rec.get("kind")
     if kind == "bench":
-        row = bench_row(rec)
+        row = dict(bench_row(rec), **_intervals(rec, "tokens_per_s"))
     elif kind == "wrapped":
-        row = wrapped_row(rec)
+        row = dict(wrapped_row(rec), **_intervals(rec, "decode_tokens_per_s"))
     else:
         raise MoespacError(f"record {path}: kind {kind!r} is not a benchmark cell")
     if row["timing"] != rec.get("timing"):
@@ -215,7 +228,8 @@ def bound_row(row: dict, rec: dict) -> dict | None:
     bound = ((rec.get("simulation") or {}).get("bounds") or {}).get("infinite_cache")
     if rec.get("timing") != "simulated" or not bound:
         return None
-    blank = dict.fromkeys(("acceptance_rate", "alpha", "omega", "hit_rate", "host_share", "a_over_b",
+    blank = dict.fromkeys(("tps_lo", "tps_hi", "latency_lo", "latency_hi", "acceptance_rate", "alpha", "omega",
+                           "hit_rate", "host_share", "a_over_b",
                            "a_over_b_per_token", "hot_cold_accuracy"))
     label = "Infinite cache w/ SD (bound)" if row["speculative"] else "Infinite cache (bound)"
     return dict(row, **blank, method=INFINITE_CACHE, label=label, policy=INFINITE_CACHE,

@@ -37,12 +37,23 @@ def fmt(x, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def cell(ours, timing: str | None, paper=None, digits: int = 2) -> str:
-    """'12.34 S (paper 25.80)'; '–' where we have no number, the timing letter always beside ours."""
+def cell(ours, timing: str | None, paper=None, digits: int = 2, span: str = "") -> str:
+    """'12.34 S [11.90, 12.80] n=3 (paper 25.80)'; '–' where we have no number, the timing letter always beside
+    ours, then its interval and request count when given (`span`, see `span`)."""
     text = fmt(ours, digits) + (f" {TIMING_MARK[timing]}" if timing and ours is not None and not _nan(ours) else "")
+    if span and ours is not None and not _nan(ours):
+        text += f" {span}"
     if paper is not None and not _nan(paper):
         text += f" (paper {fmt(paper, digits)})"
     return text
+
+
+def span(lo, hi, n, digits: int = 2) -> str:
+    """'[lo, hi] n=N': the 95 % interval of a cell's mean over its N requests ('n=1' alone: no interval)."""
+    if n is None or _nan(n):
+        return ""
+    head = "" if lo is None or _nan(lo) else f"[{fmt(float(lo), digits)}, {fmt(float(hi), digits)}] "
+    return f"{head}n={int(n)}"
 
 
 def _nan(x) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from moespac.analysis import paper
-from moespac.analysis.render import Block, cell, fmt
+from moespac.analysis.render import Block, cell, fmt, span
 from moespac.bench.datasets import get_benchmark
 from moespac.errors import MoespacError
 from moespac.study import TABLE2_LABELS
@@ -75,6 +75,22 @@ def _pivot(rows: pd.DataFrame, value: str, index: str, columns: str) -> pd.DataF
     return rows.pivot_table(index=index, columns=columns, values=value, aggfunc="mean", dropna=False)
 
 
+SPAN_OF = {"tps": ("tps_lo", "tps_hi"), "latency_s": ("latency_lo", "latency_hi")}
+
+
+def _spans(rows: pd.DataFrame, value: str, index: str, columns: str) -> pd.DataFrame:
+    """Each cell's '[lo, hi] n=N' (render.span) of `value`, wide like _pivot; '' where a cell has none."""
+    lo, hi = SPAN_OF[value]
+    text = [span(a, b, n) for a, b, n in zip(rows[lo], rows[hi], rows["requests"])]
+    frame = rows.assign(_span=text)
+    return frame.pivot_table(index=index, columns=columns, values="_span", aggfunc="first", dropna=False).fillna("")
+
+
+INTERVAL_NOTE = ("[lo, hi] n=N after a number: the 95 % interval of the cell's mean over its N requests (seeded "
+                 "percentile bootstrap); n=1 has none. Differences inside overlapping intervals are not called "
+                 "differences (audit.md).")
+
+
 def relative_improvement(tps: pd.Series, ours: str = "MoE-SpAc", among=None) -> float | None:
     """MoE-SpAc's TPS over the best other row's (of the baselines `among`, default all), minus 1 (Rel. Imprv.)."""
     if ours not in tps.index or np.isnan(tps[ours]):
@@ -103,12 +119,14 @@ def table1(rows: pd.DataFrame, benchmarks: list[str] | None = None):
         skipped = set(zip(part["label"][_skipped(part)], part["benchmark"][_skipped(part)]))  # no number: a reason
         for metric, paper_col, unit in (("tps", "tps", "TPS"), ("latency_s", "latency_s", "latency (s)")):
             wide = _pivot(part, metric, "label", "benchmark").reindex(index=labels, columns=cols)
+            spans = _spans(part, metric, "label", "benchmark").reindex(index=labels, columns=cols).fillna("")
             complete = wide.notna().all(axis=1)
             avg = wide.mean(axis=1).where(complete)
             body = []
             for label in labels:
                 r = [shown(part, label)] + ["skipped" if (label, b) in skipped else
-                               cell(wide.loc[label, b], key.timing, paper.lookup(ref, paper_col, method=label, benchmark=b))
+                               cell(wide.loc[label, b], key.timing, paper.lookup(ref, paper_col, method=label, benchmark=b),
+                                    span=spans.loc[label, b])
                                for b in cols]
                 r.append("skipped" if all((label, b) in skipped for b in cols) else
                          cell(avg[label], key.timing, paper.lookup(ref, paper_col, method=label, benchmark="average")))
@@ -158,6 +176,7 @@ def _notes(part: pd.DataFrame) -> list[str]:
         if len(n):
             notes.append(f"requests per cell: {int(n.min())}–{int(n.max())}; generation length "
                          f"{sorted(set(part['max_new_tokens'].dropna().astype(int)))} tokens")
+            notes.append(INTERVAL_NOTE)
     return notes
 
 
@@ -175,14 +194,18 @@ def table2(rows: pd.DataFrame):
         part = rows[(rows["timing"] == key.timing) & (rows["hardware"] == key.hardware) & (rows["model"] == key.model)]
         labels, cols = list(dict.fromkeys(part["label"])), list(dict.fromkeys(part["benchmark"]))
         tps, lat = (_pivot(part, v, "label", "benchmark").reindex(index=labels, columns=cols) for v in ("tps", "latency_s"))
+        tps_span, lat_span = (_spans(part, v, "label", "benchmark").reindex(index=labels, columns=cols).fillna("")
+                              for v in ("tps", "latency_s"))
         full = tps.loc["MoE-SpAc (Full)"] if "MoE-SpAc (Full)" in tps.index else None
         body = []
         for label in labels:
             r = [shown(part, label)]
             for b in cols:
                 delta = "" if full is None or label == "MoE-SpAc (Full)" else f", {100 * (tps.loc[label, b] / full[b] - 1):+.1f}%"
-                r.append(cell(tps.loc[label, b], key.timing, paper.lookup(ref, "tps", method=label, benchmark=b)) + delta)
-                r.append(cell(lat.loc[label, b], key.timing, paper.lookup(ref, "latency_s", method=label, benchmark=b)))
+                r.append(cell(tps.loc[label, b], key.timing, paper.lookup(ref, "tps", method=label, benchmark=b),
+                              span=tps_span.loc[label, b]) + delta)
+                r.append(cell(lat.loc[label, b], key.timing, paper.lookup(ref, "latency_s", method=label, benchmark=b),
+                              span=lat_span.loc[label, b]))
             body.append(r)
         columns = ["Variant"] + [f"{display(b, part)} {u}" for b in cols for u in ("TPS", "latency (s)")]
         notes = ["+x % after a variant's TPS: its TPS over the full MoE-SpAc's in this block, minus 1 (ours; "
@@ -225,11 +248,13 @@ def table3(rows: pd.DataFrame):
         body = []
         for (hw, spec), grp in part.groupby(["hardware", "spec"], sort=False):
             tps = _pivot(grp, "tps", "label", "benchmark").reindex(columns=cols)
+            spans = _spans(grp, "tps", "label", "benchmark").reindex(columns=cols).fillna("")
             mapped = grp["mapping"].dropna()
             model = f"{spec} ({mapping_tag(mapped.iloc[0] if len(mapped) else None)})"  # how the trace stands for it
             for label in dict.fromkeys(grp["label"]):
                 body.append([str(hw), model, shown(grp, label)] + [
-                    cell(tps.loc[label, b], timing, paper.lookup(ref, "tps", spec=spec, method=label, benchmark=b, profile=hw))
+                    cell(tps.loc[label, b], timing, paper.lookup(ref, "tps", spec=spec, method=label, benchmark=b, profile=hw),
+                         span=spans.loc[label, b])
                     for b in cols])
             imp = [relative_improvement(tps[b]) for b in cols]
             body.append([str(hw), model, "Rel. Improv."] + [_pct(x, timing, None) for x in imp])
@@ -256,8 +281,9 @@ def table4(rows: pd.DataFrame):
     for key in blocks_of(rows):
         part = rows[(rows["timing"] == key.timing) & (rows["hardware"] == key.hardware) & (rows["model"] == key.model)]
         wide = _pivot(part, "tps", "batch_size", "gamma")
-        body = [[str(int(b))] + [cell(wide.loc[b, g], key.timing, paper.lookup(ref, "tps", batch_size=int(b), gamma=int(g)))
-                                 for g in wide.columns] for b in wide.index]
+        spans = _spans(part, "tps", "batch_size", "gamma").reindex(index=wide.index, columns=wide.columns).fillna("")
+        body = [[str(int(b))] + [cell(wide.loc[b, g], key.timing, paper.lookup(ref, "tps", batch_size=int(b), gamma=int(g)),
+                                      span=spans.loc[b, g]) for g in wide.columns] for b in wide.index]
         best = {int(b): int(wide.loc[b].idxmax()) for b in wide.index if wide.loc[b].notna().any()}
         notes = [f"best gamma per batch size (ours): {best}; the paper: gamma = 8 at every batch size"] + _notes(part)
         blocks.append(Block(f"MoE-SpAc TPS, batch size x draft length, {block_title(key.timing, key.hardware, key.model, part)}",
