@@ -174,6 +174,8 @@ def test_tiny_study_end_to_end(tiny_study):
     assert (figs / "whatif_locality.png").read_bytes()[:4] == b"\x89PNG" and (figs / "whatif_locality.pdf").exists()
     whatif = (figs / "whatif_locality.md").read_text()
     assert "(timing: simulated)" in whatif and "| gsm8k (recorded) |" in whatif
+    stats = pd.read_csv(figs / "routing_stats.csv")  # every trace of the study and each what-if skew, the paper's row
+    assert len(stats) == 2 + 2 + 1 and stats["label"].str.contains("what-if skew").sum() == 2
     whatif_csv = pd.read_csv(figs / "whatif_locality.csv")
     assert set(whatif_csv["timing"]) == {"simulated"} and whatif_csv["recorded"].any()
     assert "does not re-derive" in (figs / "audit.md").read_text()

@@ -55,6 +55,18 @@ def register(sub) -> None:
     w.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.md, PREFIX.png and PREFIX.pdf")
     w.set_defaults(func=run_whatif_locality)
 
+    r = rsub.add_parser("routing-stats", help="routing statistics of traces (concentration, distinct experts per "
+                        "step, reuse, hot/cold accuracy, sMAPE, simulated MoE-SpAc hit rate) beside the paper's")
+    r.add_argument("--trace", action="append", default=[], metavar="LABEL=PATH",
+                   help="a trace (.npz: recorded, synthetic or imported) and its row label; repeat per trace")
+    r.add_argument("--skews", default=None, help="also the what-if's synthetic traces at these skews, comma-separated")
+    r.add_argument("--hardware", default="rtx4090-pcie4", help="hardware profile of the hit-rate simulation")
+    r.add_argument("--model-spec", default="trace", help="'trace' (each trace's own spec) or a registry name "
+                   "(traces mapped onto it by modulo where the topology differs)")
+    r.add_argument("--cache-ratio", type=float, default=0.25, help="device expert slots / all experts (simulation)")
+    r.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.csv, PREFIX.md, PREFIX.tex and PREFIX.html")
+    r.set_defaults(func=run_routing_stats)
+
 
 def run_table(args) -> int:
     from moespac.analysis import tables
@@ -141,4 +153,48 @@ def run_whatif_locality(args) -> int:
     paths = [args.json, f"{args.out}.csv", f"{args.out}.md"] + [str(p) for p in plot_locality(record, args.out)]
     print(md)
     print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+def run_routing_stats(args) -> int:
+    """No result record: the schema's kinds name the commands that write them, none of which this is."""
+    from pathlib import Path
+
+    from moespac.analysis import routing_stats as rs
+    from moespac.trace import load_trace
+
+    if not 0 <= args.cache_ratio <= 1:
+        raise MoespacError(f"--cache-ratio {args.cache_ratio} must lie in [0, 1]")
+    cases = []
+    for arg in args.trace:
+        label, sep, path = arg.partition("=")
+        if not sep or not label.strip() or not path.strip():
+            raise MoespacError(f"--trace {arg!r}: expected LABEL=PATH")
+        if not Path(path).is_file():
+            raise MoespacError(f"--trace {arg!r}: no such trace file {path}")
+        try:
+            cases.append((label.strip(), load_trace(path)))
+        except MoespacError as e:
+            raise MoespacError(f"--trace {arg!r}: {e}") from None
+    if args.skews:
+        try:
+            skews = [float(v) for v in args.skews.split(",") if v.strip()]
+        except ValueError:
+            raise MoespacError(f"--skews {args.skews!r}: comma-separated numbers") from None
+        if any(s < 0 for s in skews):
+            raise MoespacError(f"--skews {args.skews!r}: skews must be >= 0")
+        cases += [(f"what-if skew {s:g}", rs.whatif_trace(s)) for s in skews]
+    if not cases:
+        raise MoespacError("routing-stats: give at least one --trace LABEL=PATH (or --skews)")
+    rows = []
+    for label, trace in cases:
+        try:
+            stats = rs.routing_stats(trace, hardware=args.hardware, model_spec=args.model_spec,
+                                     cache_ratio=args.cache_ratio)
+        except MoespacError as e:
+            raise MoespacError(f"routing-stats {label!r}: {e}") from None
+        rows.append((label, trace, stats))
+    paths = rs.write(args.out, rows)
+    print(Path(paths[1]).read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(map(str, paths)) + " (no result record: no record kind fits a table of traces)")
     return 0

@@ -494,6 +494,26 @@ def get_audit_tables(wildcards):
     return tables
 
 
+def get_routing_stats_traces(wildcards):
+    """{label: trace}: the simulated pair's traces of every benchmark, with the draft and without."""
+    out = {}
+    for draft in (True, False):
+        for b, path in zip(BENCHMARKS, study_traces(BENCHMARKS, draft)):
+            out[f"{SIM['pair']} {b} {'SD' if draft else 'AR'}"] = path
+    return out
+
+
+def get_routing_stats_args(wildcards, input):
+    traces = " ".join(quote(f"--trace={label}={path}") for label, path in input.items())
+    skews = (
+        f" --skews {','.join(str(s) for s in WHATIF['skews'])}" if WHATIF["activate"] else ""
+    )
+    return (
+        f"{traces}{skews} --hardware {quote(SIM['hardware'])} --model-spec {quote(SIM['model_spec'])}"
+        f" --cache-ratio {SIM['cache_ratio']}"
+    )
+
+
 def get_audit_args(wildcards, input):
     return " ".join(f"--{name} {quote(path)}" for name, path in input.items())
 
@@ -507,6 +527,7 @@ def final_paper_outputs():
     )
     if WHATIF["activate"]:
         out += expand("paper_figs/whatif_locality.{ext}", ext=["csv", "md", "png", "pdf"])
+    out += expand("paper_figs/routing_stats.{ext}", ext=["csv", "md", "tex", "html"])
     return out + ["paper_figs/audit.md"]
 
 

@@ -5,6 +5,7 @@
 
 localrules:
     paper_table,
+    routing_stats,
     table6,
     audit,
 
@@ -55,6 +56,30 @@ rule table6:
         "../envs/moespac.yaml"
     shell:
         "moespac report table table6 {input} --out paper_figs/table6 > {log} 2>&1"
+
+
+rule routing_stats:
+    # where each workload's routing sits beside the paper's (the simulated pair's traces, the what-if skews)
+    input:
+        unpack(get_routing_stats_traces),
+    output:
+        csv="paper_figs/routing_stats.csv",
+        md="paper_figs/routing_stats.md",
+        tex="paper_figs/routing_stats.tex",
+        html=report(
+            "paper_figs/routing_stats.html",
+            caption="../report/routing_stats.rst",
+            category="Tables",
+        ),
+    log:
+        "results/logs/routing_stats/routing_stats.log",
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        args=get_routing_stats_args,
+        prefix=output_prefix,
+    shell:
+        "moespac report routing-stats {params.args} --out {params.prefix} > {log} 2>&1"
 
 
 rule audit:
