@@ -406,6 +406,24 @@ def test_rate_axes_start_at_zero_even_when_the_values_differ_by_half_a_percent(r
         plt.close(fig)
 
 
+def test_sweep_lines_draw_each_cells_interval(record):
+    """Figure 5's lines carry a band of each cell's 95 % interval over requests, in the line's colour."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    from moespac.analysis.records import load_rows
+
+    groups = sweep_groups(record)
+    fig = build("fig5_sensitivity", groups)
+    ax = fig.axes[0]  # the cache-ratio panel
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_paths()]  # seaborn adds an empty one
+    rows = load_rows(groups["cache"]).sort_values("cache_ratio")
+    assert len(bands) == 1 and rows["tps_lo"].notna().all()
+    ys = bands[0].get_paths()[0].vertices[:, 1]
+    assert np.isclose(ys.min(), rows["tps_lo"].min()) and np.isclose(ys.max(), rows["tps_hi"].max())
+    plt.close(fig)
+
+
 def colour(handle):
     """The RGBA colour of a legend handle (a line, a marker collection or a bar)."""
     from matplotlib.colors import to_rgba_array

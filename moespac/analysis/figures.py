@@ -55,14 +55,28 @@ def _lines(ax, rows: pd.DataFrame, x: str, xlabel: str, hue: str = "label") -> N
         return
     import seaborn as sns
 
-    data = rows.groupby([hue, x], as_index=False)["tps"].mean()
+    cols = [c for c in ("tps", "tps_lo", "tps_hi") if c in rows]
+    data = rows.groupby([hue, x], as_index=False)[cols].mean()
     sns.lineplot(data=data, x=x, y="tps", hue=hue, marker="o", ax=ax)
+    _intervals(ax, data, x, hue)
     ax.set_xlabel(xlabel)
     # records.py's tps is metrics.tokens_per_s (bench/harness.py summarize): the mean over requests of each
     # request's decode tokens / the decode time of the batched call it ran in, i.e. per request, not per batch
     timing = sorted(set(rows["timing"]))[0] if rows["timing"].nunique() == 1 else "mixed timing"
     style.rate_axis(ax, f"TPS per request ({timing})")
     ax.legend(fontsize=7, title=None)
+
+
+def _intervals(ax, data: pd.DataFrame, x: str, hue: str) -> None:
+    """Each line's 95 % intervals over requests (records.py tps_lo/hi) as a band in the line's colour, where
+    its cells have them (two requests or more)."""
+    if "tps_lo" not in data or data["tps_lo"].isna().all():
+        return
+    colour = {label: h.get_color() for h, label in zip(*ax.get_legend_handles_labels())}
+    for name, grp in data.dropna(subset=["tps_lo"]).groupby(hue, sort=False):
+        grp = grp.sort_values(x)
+        ax.fill_between(grp[x], grp["tps_lo"], grp["tps_hi"], color=colour.get(str(name), "0.5"), alpha=0.2,
+                        linewidth=0, label="_nolegend_")
 
 
 def _trace_label(trace) -> str:
