@@ -59,6 +59,10 @@ class CacheCounters:
         return d
 
 
+COUNTERS = tuple(f.name for f in fields(CacheCounters))
+"""The counters every record and summary carries, in one order (the engine's, the simulator's, the bench's)."""
+
+
 class ExpertCache:
     """Residency map over a pool of `capacity` slots, global across layers or partitioned per layer."""
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from moespac.bench import datasets
 from moespac.bench.records import load_valid_record, write_failure, write_result
+from moespac.cache import COUNTERS  # the bench's counters are the cache's
 from moespac.errors import MoespacError, check_context
 from moespac.hashing import model_id, stable_hash
 from moespac.record import make_record
@@ -31,8 +32,6 @@ from moespac.registry import parse_policy
 log = logging.getLogger(__name__)
 
 TURNS = ("all", "first")
-COUNTERS = ("hits", "loads", "host", "prefetched", "prefetch_dropped", "prefetch_refused", "evictions", "carried",
-            "bytes_copied")
 TRACE_POLICY = "all-host"  # of a trace-only engine run: the hybrid split keeps the numerics, so any policy routes alike
 
 

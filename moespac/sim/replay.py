@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moespac.cache import ExpertCache, PrefetchQueue
+from moespac.cache import COUNTERS, ExpertCache, PrefetchQueue
 from moespac.errors import MoespacError
 from moespac.policy import Policy, PolicyContext, StepInfo, UnitCosts
 from moespac.sim.cost import Timing, expert_wall
@@ -58,8 +58,7 @@ class ReplayResult:
         """Overall metrics: decode tokens/s, latency (prefill and decode apart), breakdown, cache and link."""
         decode = self.step_kind != 0
         totals = {}
-        for k in ("hits", "loads", "host", "prefetched", "prefetch_dropped", "prefetch_refused", "evictions",
-                  "carried", "bytes_copied", "activations"):
+        for k in (*COUNTERS, "activations"):
             totals[k] = sum(r["counters"][k] for r in self.requests)
         acts = totals["activations"]
         elapsed = float(self.total.sum())
