@@ -181,5 +181,8 @@ class StreamedLayers(LRU):
     def victim(self, candidates, cache):
         return super().victim(candidates & ~self.placed, cache)
 
+    def victims_in_order(self, candidates, n, cache):
+        return super().victims_in_order(candidates & ~self.placed, n, cache)
+
     def describe(self) -> dict:
         return {"resident_layers": self.placed_layers}

@@ -40,12 +40,21 @@ class LFU(Policy):
         self.last_use[layer, active] = self.clock
         return LayerPlan(load=missing(layer, counts, cache))
 
-    def victim(self, candidates, cache):
+    def _keys(self):
         # one integer orders by uses, then last use (< clock + 1); ties go to the lowest index
-        eid = self.victims.pick(candidates, self.clock, lambda: self.uses * (self.clock + 1) + self.last_use)
+        return self.uses * (self.clock + 1) + self.last_use
+
+    def victim(self, candidates, cache):
+        eid = self.victims.pick(candidates, self.clock, self._keys)
         if eid is None:
             return None
         key = divmod(eid, self.uses.shape[1])
         if self.in_cache:
             self.uses[key] = 0  # the victim leaves the candidates: the order of the rest stands
         return key
+
+    def victims_in_order(self, candidates, n, cache):
+        eids = self.victims.pick_many(candidates, self.clock, self._keys, n)
+        if self.in_cache:
+            self.uses.ravel()[eids] = 0  # as victim() does for each
+        return np.stack(np.divmod(eids, self.uses.shape[1]), axis=1)

@@ -93,6 +93,7 @@ class MoEInfinity(LFU):
         # layer at a time, since only row l of the request's EAM changes at layer l
         self.unit = unit_rows(np.stack(self.collection).astype(np.float64)) if self.collection else None
         self.cos = np.zeros((len(self.collection), shape[0]))
+        self.ranked = {}  # (match, layer) -> (scores, prefetch order)
 
     def begin_step(self, step, cache):
         request = step.signals.get("request")  # a driver that keeps the policy across requests says so here
@@ -108,30 +109,29 @@ class MoEInfinity(LFU):
             self.cos[:, layer] = self.unit[:, layer] @ unit_rows(self.eam[layer].astype(np.float64))
         return super().plan_layer(layer, counts, cache)
 
-    def best_match(self) -> np.ndarray:
-        """The stored EAM most similar to this request's (mean per-layer cosine); counts it as accessed."""
+    def best_match(self) -> int:
+        """Index of the stored EAM most similar to this request's (mean per-layer cosine); counts it as accessed."""
         i = int(np.argmax(self.cos.mean(axis=1)))
         self.access[i] += 1
-        return self.collection[i]
+        return i
 
     def end_layer(self, layer, counts, cache):
         L = self.ctx.topology.num_layers
         if self.unit is None or layer + 1 >= L:  # nothing to match, or no later layer to prefetch
             return []
-        match = self.best_match()
-        decay = 1.0 - (np.arange(L) - layer) / (L + 1)
-        score = np.where(np.arange(L)[:, None] > layer, match * decay[:, None], 0.0)
-        flat = np.flatnonzero(score > 0)
-        order = flat[np.argsort(-score.ravel()[flat], kind="stable")][:self.ctx.capacity]
+        i = self.best_match()
+        if (i, layer) not in self.ranked:  # the collection is fixed during a request: rank each (match, layer) once
+            decay = 1.0 - (np.arange(L) - layer) / (L + 1)
+            score = np.where(np.arange(L)[:, None] > layer, self.collection[i] * decay[:, None], 0.0)
+            flat = np.flatnonzero(score > 0)
+            self.ranked[i, layer] = score, flat[np.argsort(-score.ravel()[flat], kind="stable")][:self.ctx.capacity]
+        score, order = self.ranked[i, layer]
         self.protected[:] = False
         self.protected.ravel()[order] = True
-        requests = []
-        for f in order:
-            l, e = divmod(int(f), score.shape[1])
-            if not cache.resident[l, e] and not self.requested[l, e]:
-                self.requested[l, e] = True
-                requests.append(Prefetch(l, e, float(score[l, e])))
-        return requests
+        new = order[~cache.resident.ravel()[order] & ~self.requested.ravel()[order]]  # order is unique
+        self.requested.ravel()[new] = True
+        E = score.shape[1]
+        return [Prefetch(f // E, f % E, p) for f, p in zip(new.tolist(), score.ravel()[new].tolist())]
 
     def victim(self, candidates, cache):
         free = candidates & ~self.protected

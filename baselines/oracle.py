@@ -202,6 +202,17 @@ class Oracle(Policy):
         keys = np.where(candidates, self._keys(), -1)
         return divmod(int(np.argmax(keys)), keys.shape[1])
 
+    def victims_in_order(self, candidates, n, cache):
+        if self.plan == "exact":
+            return None  # the plan's own order
+        if self.plan == "static" or not candidates.any():
+            return np.zeros((0, 2), dtype=np.int64)
+        keys = np.where(candidates, self._keys(), -1).ravel()  # unique keys >= 0: the largest n in turn
+        n = min(n, int(np.count_nonzero(candidates)))
+        top = np.argpartition(-keys, n - 1)[:n] if n < keys.size else np.arange(keys.size)
+        top = top[np.argsort(-keys[top], kind="stable")]
+        return np.stack(np.divmod(top, candidates.shape[1]), axis=1)
+
     def _planned_victim(self, candidates):
         """The exact plan's eviction: an expert never used again in the request first (its slot is free in
         effect), then the plan's victims of this layer visit in order."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from moespac.errors import MoespacError
-from moespac.policy import Policy, Prefetch, Topology
+from moespac.policy import Policy, Prefetch, Topology, batches_victims
 
 
 @dataclass
@@ -144,6 +144,52 @@ class ExpertCache:
         self.occupied[layer] += 1
         return slot
 
+    def reserve_many(self, layer: int, experts, policy: Policy | None) -> tuple[np.ndarray, np.ndarray]:
+        """reserve() each of `experts` in turn; returns (experts that got a slot, their slots), int64. The same
+        slots, victims and counters as one call each, but a policy that names its next victims at once
+        (Policy.victims_in_order) is asked once for every eviction the batch needs."""
+        ex = np.asarray(experts, dtype=np.int64).ravel()
+        need = len(ex) - len(self._free)  # evictions; a few cost less one call each than in numpy
+        if need <= 2 or policy is None or self.per_layer_capacity is not None or not batches_victims(policy):
+            return self._reserve_each(layer, ex, policy)
+        taken = self.resident[layer, ex] | self.loading[layer, ex]
+        if taken.any() or np.count_nonzero(np.bincount(ex)) < len(ex):
+            e = int(ex[taken][0]) if taken.any() else int(np.argmax(np.bincount(ex)))
+            raise MoespacError(f"expert ({layer}, {e}) is already resident or loading")
+        cand = self.evictable(layer)
+        victims = policy.victims_in_order(cand, need, self) if np.count_nonzero(cand) else ()
+        if victims is None:  # the policy cannot say for this batch
+            return self._reserve_each(layer, ex, policy)
+        victims = np.asarray(victims, dtype=np.int64).reshape(-1, 2)[:need]
+        vl, ve = victims[:, 0], victims[:, 1]
+        flat = vl * cand.shape[1] + ve
+        if not cand[vl, ve].all() or np.count_nonzero(np.bincount(flat)) < len(flat):
+            bad = next(((int(a), int(b)) for a, b in victims if not cand[a, b]), "one twice")
+            raise MoespacError(f"policy {policy.name!r} chose victim {bad}, which is not evictable")
+        # the loop's bookkeeping at once: the free slots go first (popped from the end), then each victim's
+        # slot passes straight to the next expert
+        slots = np.concatenate([np.asarray(self._free[::-1], dtype=np.int64), self.slot_of[vl, ve]])
+        self._free.clear()
+        self.resident[vl, ve] = False
+        self.slot_of[vl, ve] = -1
+        self.occupied -= np.bincount(vl, minlength=len(self.occupied))
+        self.counters.evictions += len(victims)
+        got = ex[:len(slots)]  # past the victims: refused (so is every later one: the candidates only shrank)
+        self.loading[layer, got] = True
+        self.slot_of[layer, got] = slots
+        self.occupied[layer] += len(got)
+        return got, slots
+
+    def _reserve_each(self, layer: int, experts: np.ndarray, policy: Policy | None) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [(e, slot) for e in experts.tolist() if (slot := self.reserve(layer, e, policy)) is not None]
+        return np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64)
+
+    def commit_many(self, layer: int, experts) -> None:
+        """commit() each of `experts`."""
+        experts = np.asarray(experts, dtype=np.int64)
+        self.loading[layer, experts] = False
+        self.resident[layer, experts] = True
+
     def start_prefetch(self, layer: int, expert: int, policy: Policy) -> int | None:
         """The copy link takes a request: None if the expert is already resident or loading, or if no slot
         can be had (counted as refused); else the reserved slot. Finish with `finish_prefetch`."""
@@ -217,6 +263,10 @@ class PrefetchQueue:
         with self._cv:
             n = self._live.pop(layer, 0)
             self._gen[layer] = self._gen.get(layer, 0) + 1
+            if len(self._heap) > 64 and len(self._heap) > 4 * sum(self._live.values()):
+                # mostly dropped entries: keep the live ones. The order stands, (priority, seq) being unique
+                self._heap = [x for x in self._heap if x[2] == self._gen.get(x[3].layer, 0)]
+                heapq.heapify(self._heap)
             return n
 
     def pop(self, block: bool = False, timeout: float | None = None) -> Prefetch | None:

