@@ -1,7 +1,7 @@
 """Policy registry: `name[:key=value,...]` -> a Policy instance.
 
 Baselines are discovered from the `baselines` package (one module per policy, each defining Policy
-subclasses); MoE-SpAc comes from moespac.scheduler. Options after ':' become constructor keywords.
+subclasses); MoE-SpAc comes from moespac.scheduler.policy. Options after ':' become constructor keywords.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pkgutil
 from moespac.errors import MoespacError
 from moespac.policy import Policy, check_signals
 
-_EXTRA_MODULES = ("moespac.scheduler",)
+_EXTRA_MODULES = ("moespac.scheduler.policy",)
 
 
 def _discover() -> dict[str, type[Policy]]:
