@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import json
 import math
@@ -56,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from moespac.errors import MoespacError
+from moespac.hashing import stable_hash
 from moespac.models.registry import ModelSpec
 from moespac.policy import Topology
 from moespac.trace import _STEP_ARRAYS, KINDS, SCHEMA_VERSION, Trace
@@ -278,12 +280,26 @@ def _moe_layers(requests: list[Request], spec: ModelSpec | None, path: Path) -> 
 
 def import_trace(path: str | Path, fmt: str, gamma: int = 8, acceptance: float | None = None,
                  spec: ModelSpec | None = None, num_experts: int | None = None,
-                 top_k: int | None = None) -> tuple[Trace, dict]:
-    """Read `path` in `fmt` and build the trace; returns (trace, a small summary for the record)."""
+                 top_k: int | None = None, limit: int | None = None, max_new_tokens: int | None = None,
+                 benchmark: str | None = None, model: str | None = None) -> tuple[Trace, dict]:
+    """Read `path` in `fmt` and build the trace; returns (trace, a small summary for the record).
+
+    limit: the file's first `limit` requests; max_new_tokens: each request's first tokens only (a longer one
+    is cut, a shorter one kept whole). benchmark: the prompts' benchmark; with it the trace also carries the
+    per-request facts `moespac bench --timing simulated` replays from (as a trace the engine recorded does),
+    naming `model` (default: the spec's name) as the model that routed."""
     path = Path(path)
     if gamma < 0:
         raise MoespacError(f"--gamma {gamma} must be >= 0")
+    for name, value in (("--limit", limit), ("--max-new-tokens", max_new_tokens)):
+        if value is not None and value < 1:
+            raise MoespacError(f"{name} {value} must be >= 1")
     requests, E = _read(path, fmt, spec, num_experts, top_k)
+    requests = requests[:limit]
+    if max_new_tokens is not None:  # a request's rows are its prompt and its new tokens but the last
+        requests = [dataclasses.replace(q, ids=q.ids[:q.prompt + max_new_tokens - 1],
+                                        weights=None if q.weights is None else q.weights[:q.prompt + max_new_tokens - 1])
+                    for q in requests]
     dropped = _moe_layers(requests, spec, path)
     A, source = _acceptance(requests, acceptance, gamma, path)
     k = requests[0].ids.shape[2]
@@ -301,12 +317,18 @@ def import_trace(path: str | Path, fmt: str, gamma: int = 8, acceptance: float |
     weights_note = "given" if given else \
         f"uniform 1/k: {'SGLang returns no router weights' if fmt == 'sglang' else 'the file gives none'}"
     structure = NOT_SEEN if gamma else "every decoded token is one autoregressive step"
-    meta = dict(schema_version=SCHEMA_VERSION, trace_id=f"import-{fmt}-{sha[:12]}", imported=True,
+    cut = {k: v for k, v in dict(limit=limit, max_new_tokens=max_new_tokens).items() if v is not None}
+    # one file gives other traces at another gamma, acceptance or cut: their ids differ
+    variant = stable_hash(dict(gamma=gamma, acceptance=A, **cut), 8)
+    meta = dict(schema_version=SCHEMA_VERSION, trace_id=f"import-{fmt}-{sha[:12]}-{variant}", imported=True,
                 source=FORMATS[fmt], source_file=path.name, source_sha256=sha, batch_size=1, gamma=gamma,
                 acceptance=A, acceptance_source=source, weights=weights_note, structure=structure,
                 dense_layers_dropped=dropped, requests=len(requests), topology=topology.__dict__,
                 model_spec=spec.to_dict() if spec else None)
+    meta.update(cut)
     trace = Trace(meta=meta, steps=steps, topk_ids=ids.astype(np.int16), topk_weights=weights.astype(np.float16))
+    if benchmark is not None:
+        _add_bench_facts(trace, requests, benchmark, model or (spec.name if spec else None), fmt, max_new_tokens)
     trace.validate(f"import {path}")
     verify = steps["step_kind"] == KINDS.index("verify")
     summary = dict(
@@ -316,8 +338,37 @@ def import_trace(path: str | Path, fmt: str, gamma: int = 8, acceptance: float |
         acceptance=A, acceptance_source=source, realized_acceptance=(
             float(steps["step_accepted"][verify].sum() / (gamma * verify.sum())) if verify.any() else None),
         weights=weights_note, structure=structure, topology=topology.__dict__, dense_layers_dropped=dropped,
-        model_spec=spec.name if spec else None)
+        model_spec=spec.name if spec else None, **cut,
+        benchmark=benchmark and trace.meta["bench"]["config"]["benchmark"], model=trace.meta.get("target"))
     return trace, summary
+
+
+def _add_bench_facts(trace: Trace, requests: list[Request], benchmark: str, model: str | None, fmt: str,
+                     max_new_tokens: int | None) -> None:
+    """What `moespac bench` keeps of each request of a trace it records (meta['bench']), from the steps: tokens,
+    steps, drafts, acceptances. One call per request, batch 1; nothing was sampled here."""
+    from moespac.bench.datasets import get_benchmark
+
+    if not model:
+        raise MoespacError("an imported trace for a benchmark needs the model that routed (--model or --model-spec)")
+    st = trace.steps
+    rows = []
+    for r, q in enumerate(requests):
+        mine = st["step_request"] == r
+        decode = mine & (st["step_kind"] != KINDS.index("prefill"))
+        drafted = int(st["step_gamma"][decode].sum())
+        accepted = int(st["step_accepted"][decode].sum())
+        rows.append(dict(id=q.name, prompt_id=q.name, turn=1, call=r, prompt_tokens=q.prompt,
+                         new_tokens=int(st["step_emitted"][mine].sum()), steps=int(decode.sum()), drafted=drafted,
+                         accepted=accepted, rejected=drafted - accepted, eos=False))
+    gamma = int(trace.meta["gamma"])
+    config = dict(benchmark=get_benchmark(benchmark).name, source="imported", limit=len(requests),
+                  seed=None, turns=None, target_id=model, draft_id=None, gamma=gamma, batch_size=1,
+                  max_new_tokens=max_new_tokens, ignore_eos=None, temperature=None, dtype=None,
+                  imported=dict(format=FORMATS[fmt], trace_id=trace.meta["trace_id"], file=trace.meta["source_file"],
+                                sha256=trace.meta["source_sha256"]))
+    trace.meta.update(target=model, draft=None, bench=dict(config=config, prompts=len(requests), rows=rows, skipped=[],
+                                                           proxy=[False] * len(requests)))
 
 
 def _read(path: Path, fmt: str, spec: ModelSpec | None, num_experts: int | None,

@@ -132,6 +132,64 @@ def check_limits(config: dict) -> None:
     if engine["limit"] is not None and engine["batch_size"] > engine["limit"]:
         raise MoespacError(f"engine.batch_size {engine['batch_size']} exceeds engine.limit {engine['limit']} "
                            "(the prompts drawn per benchmark): a batch needs that many prompts")
+    check_imported(config)
+
+
+def check_imported(config: dict) -> None:
+    """An imported pair (a serving stack's routing, no models) can only be the simulation's pair, needs a file
+    for every benchmark the simulated outputs read, holds single requests (batch 1), and lacks the router
+    predictions some policies read."""
+    from moespac.bench.datasets import get_benchmark
+    from moespac.registry import make_policy
+
+    pairs = config["pairs"]
+    imported = {name for name, p in pairs.items() if "imported" in p}
+    for name in imported:
+        for bench in pairs[name]["imported"]["files"]:
+            try:
+                get_benchmark(bench)
+            except MoespacError as e:
+                raise MoespacError(f"config key 'pairs.{name}.imported.files.{bench}': {e}") from None
+    users = [("engine.pair", config["engine"]["pair"]), ("proxy_stats.pairs", config["proxy_stats"]["pairs"])]
+    users += [(f"wrapped.{k}.pair", s.get("pair")) for k, s in config["wrapped"].items()]
+    for key, value in users:
+        for name in value if isinstance(value, list) else [value]:
+            if name in imported:
+                raise MoespacError(f"config key '{key}': pair {name!r} is imported routing (no models to run); "
+                                   "only simulation.pair may name it")
+    sim = config["simulation"]["pair"]
+    if sim not in imported:
+        return
+    files = pairs[sim]["imported"]["files"]
+    t4, sw, wi, figs = config["table4"], config["sweeps"], config["whatif"]["locality"], config["figures"]
+    needed = [("benchmarks", b) for b in config["benchmarks"]]
+    needed += [(f"{t}.benchmarks", b) for t in ("table2", "table3") if config[t]["activate"] for b in config[t]["benchmarks"]]
+    needed += [("table4.benchmark", t4["benchmark"])] if t4["activate"] else []
+    needed += [(f"sweeps.{k}.benchmark", v["benchmark"]) for k, v in sw.items() if v["activate"]]
+    needed += [("whatif.locality.benchmark", wi["benchmark"])] if wi["activate"] else []
+    needed += [("figures.fig4_benchmarks", b) for b in figs["fig4_benchmarks"]] + [("figures.heatmap_benchmark",
+                                                                                      figs["heatmap_benchmark"])]
+    for key, bench in needed:
+        if get_benchmark(bench).name not in {get_benchmark(b).name for b in files}:
+            raise MoespacError(f"config key '{key}': benchmark {bench!r} has no file in pairs.{sim}.imported.files "
+                               f"(simulation.pair {sim!r} is imported)")
+    batches = [("simulation.batch_size", [config["simulation"]["batch_size"]])]
+    batches += [("table4.batch_sizes", t4["batch_sizes"])] if t4["activate"] else []
+    batches += [("sweeps.batch.values", sw["batch"]["values"])] if sw["batch"]["activate"] else []
+    for key, values in batches:
+        if any(int(v) > 1 for v in values):
+            raise MoespacError(f"config key '{key}': {values}: imported routing (simulation.pair {sim!r}) is one "
+                               "request at a time; batches need the engine's traces (set batch 1 or deactivate)")
+    sections = [("table1.methods", config["table1"]["methods"])]
+    sections += [(f"{t}.methods", config[t]["methods"]) for t in ("table2", "table3") if config[t]["activate"]]
+    sections += [(f"sweeps.{k}.methods", v["methods"]) for k, v in sw.items() if v["activate"]]
+    sections += [("whatif.locality.methods", wi["methods"])] if wi["activate"] else []
+    for key, methods in sections:
+        for m in methods:
+            needs = [s for s in make_policy(get_method(m).policy).requires if s == "cross_layer_topk"]
+            if needs:
+                raise MoespacError(f"config key '{key}': method {m!r} reads the next layer's router predictions "
+                                   f"('cross_layer_topk'), which imported routing (simulation.pair {sim!r}) lacks")
 
 
 def check_names(config: dict) -> None:

@@ -98,6 +98,51 @@ def test_sglang_round_trip(tmp_path):
     assert record["requests"] == ["a", "b", "c"] and record["realized_acceptance"] == pytest.approx(0.5, abs=0.1)
 
 
+def test_limit_and_length_cut_the_served_requests_and_name_the_trace(tmp_path):
+    rng = np.random.default_rng(1)
+    shapes = [(5, 12), (3, 4), (4, 9)]  # (prompt, completion)
+    rows = [routing(rng, p + c - 1, 3, 2, 8) for p, c in shapes]
+    src = write_lines(tmp_path / "r.jsonl", [sglang_response(f"q{i}", rows[i], p) for i, (p, _) in enumerate(shapes)])
+
+    def imported(*extra):
+        out = tmp_path / f"t{len(list(tmp_path.iterdir()))}.npz"
+        assert run_import([src, "--format", "sglang", "--out", str(out), "--num-experts", "8", "--top-k", "2",
+                           "--gamma", "2", "--acceptance", "0.5", *extra]) == 0
+        return load_trace(out)
+
+    t = imported("--limit", "2", "--max-new-tokens", "6")
+    assert t.meta["requests"] == 2 and (t.meta["limit"], t.meta["max_new_tokens"]) == (2, 6)
+    np.testing.assert_array_equal(request_ids(t, 0), rows[0][:5 + 5])  # 6 new tokens: the prompt + 5 rows
+    np.testing.assert_array_equal(request_ids(t, 1), rows[1])  # 4 served: shorter than the cut, kept whole
+    ids = {imported().trace_id(), t.trace_id(), imported("--limit", "2").trace_id()}
+    assert len(ids) == 3 and all(i.startswith("import-sglang-") for i in ids)  # one file, three traces
+
+
+def test_a_trace_imported_for_a_benchmark_replays_as_a_pipeline_cell(tmp_path):
+    """--benchmark adds the per-request facts `moespac bench --timing simulated` reads (the pipeline's cells)."""
+    rng = np.random.default_rng(2)
+    shapes = [(6, 20), (3, 9)]
+    src = write_lines(tmp_path / "r.jsonl", [sglang_response(f"q{i}", routing(rng, p + c - 1, 27, 6, 64), p)
+                                             for i, (p, c) in enumerate(shapes)])
+    out = tmp_path / "t.npz"
+    assert run_import([src, "--format", "sglang", "--out", str(out), "--model-spec", "deepseek-v2-lite", "--gamma", "4",
+                       "--acceptance", "0.75", "--benchmark", "humaneval", "--model", "deepseek-ai/DeepSeek-V2-Lite"]) == 0
+    t = load_trace(out)
+    facts = t.meta["bench"]
+    assert facts["config"]["target_id"] == "deepseek-ai/DeepSeek-V2-Lite" and facts["config"]["benchmark"] == "humaneval"
+    for r, row in enumerate(facts["rows"]):  # the facts are the steps' own counts
+        mine = t.steps["step_request"] == r
+        assert row["new_tokens"] == int(t.steps["step_emitted"][mine].sum())
+        assert row["drafted"] == 4 * row["steps"] and row["accepted"] == int(t.steps["step_accepted"][mine].sum())
+    rec_path = tmp_path / "cell.json"
+    assert main(["bench", "--timing", "simulated", "--from-trace", str(out), "--hardware", "rtx4090-pcie4",
+                 "--model-spec", "deepseek-v2-lite", "--benchmark", "humaneval", "--policy", "lru", "--cache-ratio",
+                 "0.25", "--no-bounds", "--no-progress", "--out", str(rec_path)]) == 0
+    rec = json.loads(rec_path.read_text())
+    assert rec["counts"]["requests"] == 2 and rec["benchmark"]["source"] == "imported"
+    assert rec["metrics"]["acceptance_rate"] == pytest.approx(0.75, abs=0.05)
+
+
 def test_plain_jsonl_round_trip_with_weights(tmp_path):
     rng = np.random.default_rng(1)
     L, k, E = 3, 2, 8

@@ -118,7 +118,9 @@ def bench_row(rec: dict) -> dict:
         draft_charged = f"{draft} ({charged.get('source') or '?'})" if draft else None
         hardware = c.get("hardware")
         model = f"{c.get('model_spec')} experts{mapped}"
-        source = f"trace of {short(c.get('target_id') or c.get('target'))}" + (f"; draft cost of {draft}" if draft else "")
+        imported = f" (imported: {c['imported'].get('format')})" if isinstance(c.get("imported"), dict) else ""
+        source = (f"trace of {short(c.get('target_id') or c.get('target'))}{imported}"
+                  + (f"; draft cost of {draft}" if draft else ""))
     else:
         hardware = machine_name(rec.get("environment") or {})
         model = short(c.get("target_id") or c.get("target"))

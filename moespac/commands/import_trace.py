@@ -26,6 +26,14 @@ def register(sub) -> None:
                    help="experts per MoE layer, when no spec is named (simulate then needs --model-spec)")
     p.add_argument("--top-k", type=int, default=None,
                    help="experts per token, for --format sglang without --model-spec (its array is flat)")
+    p.add_argument("--limit", type=int, default=None, help="the file's first N requests (default: all)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="each request's first N new tokens (default: all it has)")
+    p.add_argument("--benchmark", default=None,
+                   help="the prompts' benchmark: the trace then replays through `moespac bench --timing simulated`"
+                        " (the pipeline's cells), not only `moespac simulate`")
+    p.add_argument("--model", default=None,
+                   help="the model that routed, as records and tables name it (default: the --model-spec name)")
     p.add_argument("--json", default=None, metavar="RECORD", help="write a small import record here")
     p.set_defaults(func=run)
 
@@ -38,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_paths(args, "out", "json")
     spec = spec_named(args.model_spec) if args.model_spec else None
-    trace, summary = import_trace(args.file, args.format, args.gamma, args.acceptance, spec, args.num_experts, args.top_k)
+    trace, summary = import_trace(args.file, args.format, args.gamma, args.acceptance, spec, args.num_experts, args.top_k,
+                                  limit=args.limit, max_new_tokens=args.max_new_tokens, benchmark=args.benchmark,
+                                  model=args.model)
     trace.save(args.out)
     if args.json:
         write_json(args.json, dict(kind="import-trace", out=args.out, **summary))

@@ -7,9 +7,10 @@ rule record_trace:
     # One engine run records the activation trace every policy is then replayed on (routing does not depend
     # on the policy). gamma 0: autoregressive. Its record is a measured all-host run on this machine. One
     # thread, fixed (not {threads}, which --cores may change): the thread count is part of what decides the
-    # trace's floats, and so its sampled tokens.
+    # trace's floats, and so its sampled tokens. An imported pair's trace comes from its file instead
+    # (`moespac import-trace`: a serving stack's routing, steps of gamma + 1 tokens).
     input:
-        pair=get_pair_ready,
+        source=get_trace_source,
     output:
         trace="results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.npz",
         record="results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.json",
@@ -21,14 +22,9 @@ rule record_trace:
         "../envs/moespac.yaml"
     threads: 1
     params:
-        models=get_model_args,
-        limit=get_trace_limit,
-        prompts=get_prompt_args,
+        command=get_trace_command,
     shell:
-        "OMP_NUM_THREADS=1 moespac bench {params.models} --benchmark {wildcards.benchmark:q}"
-        " --policy all-host --cache-ratio 0 --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
-        " --max-new-tokens {wildcards.tokens} {params.limit} {params.prompts} --warmup 0 --no-progress"
-        " --trace {output.trace} --out {output.record} > {log} 2>&1"
+        "{params.command} > {log} 2>&1"
 
 
 rule simulate_cell:

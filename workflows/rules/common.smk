@@ -75,6 +75,36 @@ def get_pair_ready(wildcards):
     return pair_ready(wildcards.pair)
 
 
+def get_trace_source(wildcards):
+    """What a trace is made from: the pair's models, or an imported pair's file of this benchmark."""
+    p = PAIRS[wildcards.pair]
+    if "imported" not in p:
+        return pair_ready(wildcards.pair)
+    files = {get_benchmark(b).name: path for b, path in p["imported"]["files"].items()}
+    return files[wildcards.benchmark]
+
+
+def get_trace_command(wildcards, output):
+    """The engine run that records a trace, or the import that turns a serving stack's routing into one."""
+    p = PAIRS[wildcards.pair]
+    if "imported" not in p:
+        return (
+            f"OMP_NUM_THREADS=1 moespac bench {get_model_args(wildcards)} --benchmark {quote(wildcards.benchmark)}"
+            f" --policy all-host --cache-ratio 0 --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
+            f" --max-new-tokens {wildcards.tokens} {get_trace_limit(wildcards)} {get_prompt_args(wildcards)}"
+            f" --warmup 0 --no-progress --trace {quote(output.trace)} --out {quote(output.record)}"
+        )
+    imp = p["imported"]
+    limit = "" if SIM["limit"] is None else f" --limit {SIM['limit']}"
+    acceptance = "" if imp.get("acceptance") is None else f" --acceptance {imp['acceptance']}"
+    return (
+        f"moespac import-trace {quote(get_trace_source(wildcards))} --format {imp['format']}"
+        f" --model-spec {quote(imp['model_spec'])} --model {quote(imp.get('model') or imp['model_spec'])}"
+        f" --benchmark {quote(wildcards.benchmark)} --gamma {wildcards.gamma}{acceptance}{limit}"
+        f" --max-new-tokens {wildcards.tokens} --out {quote(output.trace)} --json {quote(output.record)}"
+    )
+
+
 def get_model_args(wildcards):
     """How `moespac bench` names the models: hub ids as such (records keep them), else the pair's folder."""
     p = PAIRS[wildcards.pair]
