@@ -45,6 +45,7 @@ class Trace:
     topk_weights: np.ndarray  # float16 [N, L, k]
     cross_topk: np.ndarray | None = None  # int16 [N, L, k]; layer l+1's router on layer l's input; -1 at the last layer
     _offsets: np.ndarray | None = field(default=None, repr=False)
+    _counts: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def topology(self) -> Topology:
@@ -71,12 +72,23 @@ class Trace:
         o = self.offsets()
         return self.cross_topk[o[s]:o[s + 1]]
 
+    def counts(self) -> np.ndarray:
+        """Activation counts (routing entries naming each expert) of every step: int32 [S, L, E], computed once
+        in one bincount and read-only."""
+        if self._counts is None:
+            topo = self.topology
+            S, L, E = self.num_steps, topo.num_layers, topo.num_experts
+            ids = self.topk_ids.astype(np.int64)  # [N, L, k]
+            step_of_token = np.repeat(np.arange(S), self.steps["step_tokens"])
+            flat = (step_of_token[:, None, None] * L + np.arange(L)[None, :, None]) * E + ids
+            counts = np.bincount(flat.ravel(), minlength=S * L * E).reshape(S, L, E).astype(np.int32)
+            counts.flags.writeable = False
+            self._counts = counts
+        return self._counts
+
     def step_counts(self, s: int) -> np.ndarray:
         """Activation counts of step s: int [L, E]."""
-        ids = self.step_ids(s).astype(np.int64)
-        L, E = self.topology.num_layers, self.topology.num_experts
-        flat = ids.transpose(1, 0, 2).reshape(L, -1) + (np.arange(L)[:, None] * E)
-        return np.bincount(flat.ravel(), minlength=L * E).reshape(L, E)
+        return self.counts()[s].astype(np.int64)
 
     def kind(self, s: int) -> str:
         return KINDS[int(self.steps["step_kind"][s])]

@@ -295,7 +295,6 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
     from moespac.engine.session import EngineConfig, EngineSession
     from moespac.models.registry import spec_from_config
     from moespac.sim.replay import warmup_window
-    from moespac.sim.workload import step_counts
 
     measured = cfg.timing == "measured"
     engine_policy = cfg.policy if measured else TRACE_POLICY
@@ -361,7 +360,7 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
         seen = session.finish_trace()
         warm[0], warmup = None, None
         if seen.num_steps:
-            warm[0], warmup = warmup_window(step_counts(seen), seen.steps["step_request"])
+            warm[0], warmup = warmup_window(seen.counts(), seen.steps["step_request"])
             warmup = dict(warmup, source=source, prompts=list(dict.fromkeys(used)))
         session.record(spec, meta=dict(target=prep.target, draft=prep.draft, gamma=gamma, batch_size=cfg.batch_size,
                                        policy=engine_policy))

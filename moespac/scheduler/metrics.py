@@ -12,7 +12,7 @@ from moespac.cache import CacheCounters
 from moespac.errors import MoespacError
 from moespac.scheduler.config import MoESpAcConfig
 from moespac.scheduler.estimator import UtilityEstimator
-from moespac.trace import Trace
+from moespac.trace import KINDS, Trace
 
 
 def step_counts(trace: Trace, kinds=("verify", "ar"), accepted_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -24,6 +24,9 @@ def step_counts(trace: Trace, kinds=("verify", "ar"), accepted_only: bool = Fals
     if accepted_only and int(trace.meta.get("batch_size", 1)) != 1:
         raise MoespacError("accepted-only counts need a batch-size-1 trace (step_accepted is summed over the batch)")
     L, E = trace.topology.num_layers, trace.topology.num_experts
+    if not accepted_only:  # whole steps: the trace's own counts
+        keep = np.isin(trace.steps["step_kind"], [KINDS.index(k) for k in kinds])
+        return trace.counts()[keep].copy(), trace.steps["step_tokens"][keep].astype(np.int64)
     rows, tokens = [], []
     for s in range(trace.num_steps):
         if trace.kind(s) not in kinds:

@@ -77,22 +77,12 @@ def topology_mismatch(trace: Trace, spec: ModelSpec) -> list[str]:
     return out
 
 
-def step_counts(trace: Trace) -> np.ndarray:
-    """int32 [S, L, E] activation counts for every step, in one bincount."""
-    topo = trace.topology
-    S, L, E = trace.num_steps, topo.num_layers, topo.num_experts
-    ids = trace.topk_ids.astype(np.int64)  # [N, L, k]
-    step_of_token = np.repeat(np.arange(S), trace.steps["step_tokens"])
-    flat = (step_of_token[:, None, None] * L + np.arange(L)[None, :, None]) * E + ids
-    return np.bincount(flat.ravel(), minlength=S * L * E).reshape(S, L, E).astype(np.int32)
-
-
 def make_workload(trace: Trace, spec: ModelSpec, allow_topology_mismatch: bool = False,
                   trace_path: str = "") -> Workload:
     """Combine a trace with the spec whose expert sizes are simulated."""
     if not spec.is_moe:
         raise MoespacError(f"model spec {spec.name!r} is dense (num_moe_layers=0): nothing to schedule")
-    counts = step_counts(trace)
+    counts = trace.counts()
     diff = topology_mismatch(trace, spec)
     mapping = None
     if diff:
