@@ -3,6 +3,14 @@ experts, top-8, gamma = 8, synthetic with temporal locality) through MoE-SpAc (l
 importable), on rtx4090-pcie4 with a 17 % expert cache (the paper's ratio). Goal: <= 1 s on this machine.
 
     python benchmarks/sim_replay_speed.py [--policy NAME] [--tokens 512] [--repeats 3]
+
+With --methods, every table method (moespac.study.METHODS, or the names given) is replayed once as the
+pipeline's cells replay it: on the recorded --sd-trace (methods with a draft) or --ar-trace, Qwen3-30B-A3B's
+expert sizes, a 25 % cache, the oracle with its bounds, profile-reading methods given --profile-trace. It
+prints each method's replay time: the pipeline's simulated cells cost about that much each.
+
+    python benchmarks/sim_replay_speed.py --methods all --sd-trace results/traces/proxy-shape/mmlu-pro/g8-b1-n512.npz \
+        --ar-trace results/traces/proxy-shape/mmlu-pro/g0-b1-n512.npz --profile-trace results/traces/proxy-shape/gsm8k/g0-b1-n512.npz
 """
 
 from __future__ import annotations
@@ -40,6 +48,26 @@ def time_by_file(fn) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def time_methods(names: list[str], sd_trace: str, ar_trace: str, profile: list[str]) -> None:
+    from moespac.sim.simulate import SimConfig, simulate
+    from moespac.study import METHODS
+
+    total = 0.0
+    for name in names or list(METHODS):
+        m = METHODS[name]
+        uses = make_policy(m.policy).uses_profile()
+        cfg = SimConfig(trace=sd_trace if m.draft else ar_trace, policy=m.policy, hardware="rtx4090-pcie4",
+                        model_spec="qwen3-30b-a3b", draft_spec="qwen3-4b-fp8" if m.draft else None, cache_ratio=0.25,
+                        allow_topology_mismatch=True, bounds=m.policy == "oracle",
+                        profile_traces=tuple(profile) if uses else ())
+        t0 = time.perf_counter()
+        rec = simulate(cfg)
+        wall = time.perf_counter() - t0
+        total += wall
+        print(f"{name:26s} {wall:7.2f} s  {rec['trace']['requests']} requests, {rec['metrics']['tokens_per_s']:.4f} tokens/s (simulated)")
+    print(f"all: {total:.1f} s; load average {', '.join(f'{x:.2f}' for x in os.getloadavg())} (timing: measured)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default = "moespac" if importlib.util.find_spec("moespac.scheduler") else "lru"
@@ -47,7 +75,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache-ratio", type=float, default=0.17)
+    ap.add_argument("--methods", default=None, help="'all' or comma-separated table methods: time each on --sd/--ar-trace")
+    ap.add_argument("--sd-trace", default=None)
+    ap.add_argument("--ar-trace", default=None)
+    ap.add_argument("--profile-trace", action="append", default=[])
     args = ap.parse_args()
+    if args.methods:
+        if not (args.sd_trace and args.ar_trace):
+            ap.error("--methods needs --sd-trace and --ar-trace")
+        time_methods([] if args.methods == "all" else args.methods.split(","), args.sd_trace, args.ar_trace,
+                     args.profile_trace)
+        return
 
     spec = get_spec("qwen3-30b-a3b")
     topo = Topology(spec.num_moe_layers, spec.num_experts, spec.top_k)
