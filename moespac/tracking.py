@@ -221,6 +221,8 @@ class IngestSummary:
     created: int = 0
     updated: int = 0
     unchanged: int = 0
+    stale: int = 0
+    """Runs deleted because their record file now holds another configuration (e.g. a changed profile)."""
     skipped: list = field(default_factory=list)
     """Files that are not result records to load (failure records, files without a config hash)."""
     invalid: list = field(default_factory=list)
@@ -324,9 +326,22 @@ def ingest(studies: dict[str, list[str]], outputs: list[str] = (), uri: str | No
                 row = table_row(record, path)
                 summary.runs[path] = {study: _ingest_one(store, record, path, study, member_of, row, summary)
                                       for study in member_of}
+        _drop_stale(store, summary)
         if outputs:
             summary.runs["outputs"] = {"outputs": _ingest_outputs(store, list(outputs), summary)}
     return summary
+
+
+def _drop_stale(store: Store, summary: IngestSummary) -> None:
+    """Delete the runs of a record file loaded now whose run key is not the file's: the file was rewritten with
+    another configuration (its config hash changed), so the old run describes a record that no longer exists."""
+    current = {run_id for by_study in summary.runs.values() for run_id in by_study.values()}
+    loaded = {(store.experiments[f"{PREFIX}{study}"], path) for path, by_study in summary.runs.items() for study in by_study}
+    for (experiment, key), run in list(store.runs.items()):
+        if (experiment, run.data.tags.get("moespac.record_path")) in loaded and run.info.run_id not in current:
+            store.client.delete_run(run.info.run_id)
+            del store.runs[experiment, key]
+            summary.stale += 1
 
 
 def _lock_path(uri: str, artifact_root: str) -> Path:

@@ -142,6 +142,32 @@ def test_ingest_is_idempotent_and_updates_changed_records(tmp_path, records, db_
     assert {t.key: t.value for t in prompts.tags}["mlflow.data.context"] == "prompts"
 
 
+def test_a_record_rewritten_with_another_config_leaves_no_stale_run(tmp_path, db_uri):
+    """A cell's file rewritten under another configuration (here another hardware profile hash, as a changed
+    profile gives) keeps one run: the old one describes a record that no longer exists, and is deleted."""
+    from mlflow.tracking import MlflowClient
+
+    cell, other = tmp_path / "cell.json", tmp_path / "other.json"
+    cell.write_text(json.dumps(bench_record()))
+    other.write_text(json.dumps(bench_record(policy="lru", gamma=0, tps=7.0)))
+    studies = {"table1": [str(cell), str(other)], "table2": [str(cell)]}
+    first = ingest(studies, uri=db_uri, artifact_root=str(tmp_path / "art"))
+    rec = simulated_record("gsm8k", 11.0, policy="moespac", gamma=8, target="proxy/target", draft="proxy/draft",
+                           hardware_sha256="another-profile")
+    cell.write_text(json.dumps(rec))
+    only_table1 = ingest({"table1": [str(cell), str(other)]}, uri=db_uri, artifact_root=str(tmp_path / "art"))
+    assert (only_table1.created, only_table1.stale, only_table1.unchanged) == (1, 1, 1)
+    client = MlflowClient(tracking_uri=db_uri)
+    assert client.get_run(first.runs[str(cell)]["table1"]).info.lifecycle_stage == "deleted"
+    # table2 was not loaded this time: its run of the old record stays until table2 is loaded again
+    assert client.get_run(first.runs[str(cell)]["table2"]).info.lifecycle_stage == "active"
+    both = ingest(studies, uri=db_uri, artifact_root=str(tmp_path / "art"))
+    assert (both.created, both.stale) == (1, 1)
+    exps = [e.experiment_id for e in client.search_experiments() if e.name.startswith("moespac/")]
+    paths = [r.data.tags["moespac.record_path"] for r in client.search_runs(exps)]
+    assert sorted(paths) == sorted([str(cell), str(other), str(cell)])  # one run per (study, file)
+
+
 def test_runs_start_and_end_when_the_run_ran(tmp_path, db_uri):
     """A timed record's run starts and ends at the record's own times (not the ingest's); a simulated record is
     timeless, so its run is placed at the time its file was written."""
