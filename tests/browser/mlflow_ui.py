@@ -153,7 +153,7 @@ def pick_column(page, name: str, tries: int = 3) -> None:
     so a pick that finds no entry reopens it (up to `tries` times)."""
     entry = page.locator("[class*=tree-title]", has_text=re.compile(rf"^{re.escape(name)}$"))
     for attempt in range(tries):
-        page.get_by_role("button", name="Columns").click()
+        page.get_by_role("button", name="Columns", exact=True).last.click()  # a second one can render beside it
         page.get_by_placeholder("Search columns").fill(name)
         try:
             entry.first.click(timeout=10_000)
