@@ -91,7 +91,12 @@ def bad_config(tmp_path, edit) -> Path:
         "wrapped-type", "wrapped-pair", "draft-spec", "table3-key", "length-vs-context", "window-vs-context",
         "heatmap-layer", "batch-vs-limit"])
 def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, edit, needles):
-    r = snakemake("--cores", 1, "--configfile", bad_config(tmp_path, edit), cwd=tmp_path)
+    assert_refused_before_any_job(tmp_path, bad_config(tmp_path, edit), needles)
+
+
+def assert_refused_before_any_job(tmp_path, configfile, needles) -> None:
+    """The study with `configfile` stops before any job, its message holding every needle."""
+    r = snakemake("--cores", 1, "--configfile", configfile, cwd=tmp_path)
     assert r.returncode != 0
     text = r.stdout + r.stderr
     for needle in needles:
