@@ -64,7 +64,7 @@ class CopyLink:
             self._finish()  # no new copy starts here: the layer's on-demand loads would go first
         return now
 
-    def load(self, layer: int, experts: np.ndarray, now: float, counter: str = "loads") -> tuple[float, list[int]]:
+    def load(self, layer: int, experts: np.ndarray, now: float, counter: str = "loads") -> tuple[float, np.ndarray]:
         """Blocking on-demand loads at `now`: reserve every slot first (as the engine does), then copy them
         back to back after the copy in flight. Returns (time they are all resident, experts loaded as int64);
         an expert whose reservation is refused is not loaded (it runs on the host). The caller has
