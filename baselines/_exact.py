@@ -25,7 +25,7 @@ from math import comb
 import numpy as np
 
 from baselines._offline import all_subsets, subset_min
-from moespac.sim.cost import expert_wall
+from moespac.policy import expert_wall
 
 MAX_WORK = 2**17
 """Largest (cache states) x (2^experts per layer) the search takes on: 4096 states of 5-expert layers, which

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from moespac.sim.cost import expert_wall
+from moespac.policy import expert_wall
 
 EXACT_EXPERTS = 10
 """Enumerate all 2^n device sets up to this many experts (1024 sets); beyond it, n + 1 prefixes."""

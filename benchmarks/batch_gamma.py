@@ -16,7 +16,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from moespac.bench.datasets import load_benchmark
+from moespac.datasets import load_benchmark
 from moespac.commands.generate import encode_prompt
 from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
 from moespac.engine.speculative import generate_batch

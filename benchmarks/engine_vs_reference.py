@@ -44,7 +44,7 @@ def hf_decode_tps(model, prompt: list[int], tokens: int) -> float:
 
 
 def autoregressive(pair: Path, prompts: int, tokens: int) -> None:
-    from moespac.bench.datasets import encode_prompts, load_benchmark, seeded_sample
+    from moespac.datasets import encode_prompts, load_benchmark, seeded_sample
     from moespac.engine.session import EngineConfig, EngineSession
     from moespac.engine.speculative import Sampling
     from moespac.models.loading import load_pair

@@ -48,7 +48,8 @@ def count(experts_module, x, ids, w) -> int:
 
 
 def main() -> None:
-    from moespac.engine.hybrid import HybridRuntime, RuntimeConfig, find_experts
+    from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
+    from moespac.models.experts import find_experts
     from moespac.registry import make_policy
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -4,7 +4,7 @@ importable), on rtx4090-pcie4 with a 17 % expert cache (the paper's ratio). Goal
 
     python benchmarks/sim_replay_speed.py [--policy NAME] [--tokens 512] [--repeats 3]
 
-With --methods, every table method (moespac.study.METHODS, or the names given) is replayed once as the
+With --methods, every table method (moespac.catalogue.METHODS, or the names given) is replayed once as the
 pipeline's cells replay it: on the recorded --sd-trace (methods with a draft) or --ar-trace, Qwen3-30B-A3B's
 expert sizes, a 25 % cache, the oracle with its bounds, profile-reading methods given --profile-trace. It
 prints each method's replay time: the pipeline's simulated cells cost about that much each.
@@ -50,7 +50,7 @@ def time_by_file(fn) -> dict[str, float]:
 
 def time_methods(names: list[str], sd_trace: str, ar_trace: str, profile: list[str]) -> None:
     from moespac.sim.simulate import SimConfig, simulate
-    from moespac.study import METHODS
+    from moespac.catalogue import METHODS
 
     total = 0.0
     for name in names or list(METHODS):

@@ -347,7 +347,7 @@ def _add_bench_facts(trace: Trace, requests: list[Request], benchmark: str, mode
                      max_new_tokens: int | None) -> None:
     """What `moespac bench` keeps of each request of a trace it records (meta['bench']), from the steps: tokens,
     steps, drafts, acceptances. One call per request, batch 1; nothing was sampled here."""
-    from moespac.bench.datasets import get_benchmark
+    from moespac.datasets import get_benchmark
 
     if not model:
         raise MoespacError("an imported trace for a benchmark needs the model that routed (--model or --model-spec)")

@@ -70,6 +70,12 @@ class UnitCosts:
     """Non-expert time of one target layer (attention etc.)."""
 
 
+def expert_wall(dev, host, serial: bool):
+    """Wall time of a layer's expert phase from its device and host busy times (scalars or arrays): they run
+    concurrently, or one after the other when the device is the host CPU."""
+    return dev + host if serial else np.maximum(dev, host)
+
+
 @dataclass(frozen=True)
 class PolicyContext:
     """What a policy knows before the first step."""

@@ -171,7 +171,7 @@ def prompt_set(record: dict):
     from mlflow.data.pandas_dataset import from_pandas
     from mlflow.entities import DatasetInput, InputTag
 
-    from moespac.bench.datasets import DATA_DIR, get_benchmark
+    from moespac.datasets import DATA_DIR, get_benchmark
 
     bench, requests = record.get("benchmark"), record.get("requests")
     name = bench.get("name") if isinstance(bench, dict) else record["config"].get("benchmark")

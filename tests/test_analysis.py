@@ -8,7 +8,8 @@ from moespac.analysis import audit, paper, tables
 from moespac.analysis.records import COLUMNS, method_of
 from moespac.analysis.render import cell, latex, Block
 from moespac.errors import MoespacError
-from moespac.study import METHODS, check_names, get_method, k_method
+from moespac.catalogue import METHODS, get_method, k_method
+from moespac.workflow_checks import check_names
 
 
 def test_paper_speedup_readings_and_the_claims_they_test():

@@ -13,7 +13,7 @@ import pytest
 import moespac.cli
 from moespac.cli import build_parser, main
 from moespac.registry import make_policy, parse_policy, policies
-from moespac.study import METHODS
+from moespac.catalogue import METHODS
 
 
 def all_parsers(parser, path=("moespac",)):

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from moespac.bench import datasets as bd
+from moespac import datasets as bd
 from moespac.commands import prepare_benchmarks as prep
 from moespac.errors import MoespacError
 
@@ -141,7 +141,7 @@ def test_check_fits_boundary_and_impossible_limits():
 def test_too_long_prompt_is_a_logged_counted_skip(caplog):
     tok = word_tokenizer()
     prompts = [prompt("hello " * 6, "x/fits"), prompt("hello " * 7, "x/long"), prompt("world", "x/short")]
-    with caplog.at_level(logging.WARNING, logger="moespac.bench.datasets"):
+    with caplog.at_level(logging.WARNING, logger="moespac.datasets"):
         enc = bd.encode_prompts(prompts, tok, max_context=10, max_new_tokens=4)
     assert [p.id for p, _ in enc.items] == ["x/fits", "x/short"]
     assert [ids for _, ids in enc.items] == [[4] * 6, [5]]
@@ -158,7 +158,7 @@ def test_every_offline_prompt_formats_with_a_chat_template():
 
 
 def test_hub_source_offline_fails_with_a_clear_error(tmp_path):
-    code = ("from moespac.bench.datasets import load_benchmark\n"
+    code = ("from moespac.datasets import load_benchmark\n"
             "from moespac.errors import MoespacError\n"
             "try:\n    load_benchmark('gsm8k', source='hub')\n"
             "except MoespacError as e:\n    print(e)\n    raise SystemExit(3)\n")

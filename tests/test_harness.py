@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from moespac.bench import datasets, harness
+from moespac import datasets
+from moespac.bench import harness
 from moespac.bench.records import SCHEMA_PATH, failure_path, load_valid_record, validate_record, write_result
 from moespac.cli import main
 from moespac.engine import speculative
@@ -115,8 +116,10 @@ def test_batch_of_two_with_second_turns_simulated(micro_dir, tmp_path):
 
 
 def test_omega_from_alpha_and_summary_stats():
-    assert harness.omega_from_alpha(0.5, 2) == 1.75 and harness.omega_from_alpha(1.0, 8) == 9.0
-    assert harness.omega_from_alpha(0.0, 8) == 1.0 and harness.omega_from_alpha(None, 8) is None
+    from moespac.scheduler.metrics import omega
+
+    assert omega(2, 0.5) == 1.75 and omega(8, 1.0) == 9.0
+    assert omega(8, 0.0) == 1.0 and omega(8, None) is None and omega(0, 0.5) is None
     s = harness.stats([4.0, None, 1.0, 3.0, 2.0])
     assert s == dict(n=4, mean=2.5, std=pytest.approx(1.25 ** 0.5), p50=2.5, p90=pytest.approx(3.7), min=1.0, max=4.0)
     assert harness.stats([None])["mean"] is None

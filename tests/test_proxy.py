@@ -62,7 +62,7 @@ def test_over_budget_build_fails_naming_the_step_and_writes_nothing(tmp_path):
 def test_pair_loads_like_hub_models(pair):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from moespac.engine.hybrid import find_experts
+    from moespac.models.experts import find_experts
 
     out, card = pair
     target = AutoModelForCausalLM.from_pretrained(out / "target")
@@ -78,7 +78,7 @@ def test_pair_loads_like_hub_models(pair):
 
 
 def test_card_names_data_holdout_and_disclaimer(pair):
-    from moespac.bench.datasets import BENCHMARKS, load_benchmark
+    from moespac.datasets import BENCHMARKS, load_benchmark
 
     out, card = pair
     text = (out / "MODEL_CARD.md").read_text()
@@ -92,7 +92,7 @@ def test_card_names_data_holdout_and_disclaimer(pair):
 
 
 def test_holdout_drops_conversations_containing_a_benchmark_prompt(tmp_path):
-    from moespac.bench.datasets import load_benchmark
+    from moespac.datasets import load_benchmark
 
     holdout, _ = corpora.benchmark_holdout()
     alpaca = load_benchmark("alpaca")[0].turns[0]  # a ShareGPT first turn itself
@@ -170,8 +170,7 @@ def test_config_overrides_and_validation():
 
 
 def test_popularity_and_locality_measures():
-    from moespac.models.proxy_train import top_share
-    from moespac.models.proxy_stats import locality
+    from moespac.routing import locality, top_share
 
     E = 20
     assert top_share(np.ones((3, E))).tolist() == [2 / E] * 3
@@ -188,7 +187,7 @@ def test_popularity_and_locality_measures():
 
 
 def test_proxy_stats_runs_on_the_pair(pair):
-    from moespac.models.proxy_stats import render, run
+    from moespac.experiments.proxy_stats import render, run
 
     out, _ = pair
     rows = run(out, ["gsm8k", "mt-bench"], prompts=1, max_new_tokens=12, gamma=4)

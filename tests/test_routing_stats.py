@@ -156,7 +156,7 @@ def test_cli_writes_one_row_per_trace_and_the_paper_row(tmp_path, capsys):
 
 def test_cli_adds_the_whatif_skews(tmp_path):
     out = tmp_path / "w"
-    from moespac.sim.whatif import LocalitySweep
+    from moespac.experiments.whatif import LocalitySweep
 
     small = LocalitySweep(tokens=16)
     assert rs.whatif_trace(2.0, small).topology == Topology(48, 128, 8)

@@ -44,7 +44,8 @@ from moespac.errors import MoespacError
 from moespac.policy import PolicyContext, Topology
 from moespac.registry import make_policy, policies_runnable_with
 from moespac.sim.bounds import infinite_cache_steps, layer_lower_bound
-from moespac.sim.cost import Timing, expert_wall
+from moespac.policy import expert_wall
+from moespac.sim.cost import Timing
 from moespac.sim.replay import SIM_SIGNALS, replay
 from moespac.sim.synthetic import hand_trace, random_toy_scenario, toy_scenario, toy_spec
 from moespac.sim.workload import make_workload

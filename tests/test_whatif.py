@@ -1,9 +1,9 @@
-"""The routing-locality what-if (moespac/sim/whatif.py): its axis, its direction, and its errors."""
+"""The routing-locality what-if (moespac/experiments/whatif.py): its axis, its direction, and its errors."""
 
 import pytest
 
 from moespac.errors import MoespacError
-from moespac.sim.whatif import LocalitySweep, ratio_to_best_other, run_locality_sweep
+from moespac.experiments.whatif import LocalitySweep, ratio_to_best_other, run_locality_sweep
 
 
 def test_more_local_routing_means_fewer_distinct_experts_and_more_moespac_hits():

@@ -53,7 +53,7 @@ class PromptText:
     text: str
     """First user turn after the chat template (with the generation prompt), or the plain turn without one."""
     ids: list[int]
-    """Token ids of `text` by the transformers tokenizer (moespac.bench.datasets.format_prompt)."""
+    """Token ids of `text` by the transformers tokenizer (moespac.datasets.format_prompt)."""
     templated: bool
     """True when `text` already holds the chat template's special tokens (no BOS/template to add)."""
 
@@ -63,7 +63,7 @@ def benchmark_prompts(tokenizer, benchmark: str, limit: int, seed: int, max_cont
 
     `limit` prompts are drawn as load_benchmark draws them; a limit above the set's size takes them all.
     """
-    from moespac.bench.datasets import encode_prompts, load_benchmark, seeded_sample
+    from moespac.datasets import encode_prompts, load_benchmark, seeded_sample
 
     prompts = seeded_sample(load_benchmark(benchmark), limit, seed)
     encoded = encode_prompts(prompts, tokenizer, max_context=max_context, max_new_tokens=max_new_tokens)

@@ -21,7 +21,7 @@ from moespac.reference import appendix_value
 from moespac.scheduler.config import MoESpAcConfig
 from moespac.scheduler.estimator import UtilityEstimator
 from moespac.scheduler.metrics import hot_cold_accuracy, step_counts
-from moespac.scheduler.overhead import omega
+from moespac.scheduler.metrics import omega
 from moespac.trace import load_trace
 
 

@@ -6,7 +6,7 @@ import re
 
 import pandas as pd
 
-from moespac.bench.datasets import get_benchmark
+from moespac.datasets import get_benchmark
 from moespac.reference import read_reference
 
 # Table 3's model column -> our model-spec names

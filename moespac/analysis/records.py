@@ -14,7 +14,7 @@ import pandas as pd
 
 from moespac.errors import MoespacError
 from moespac.registry import parse_policy
-from moespac.study import METHODS
+from moespac.catalogue import METHODS
 
 # wrapped systems -> method slug (without draft, with draft)
 WRAPPED_METHODS = {"llama.cpp": ("llamacpp", "llamacpp-sd"), "accelerate": ("accelerate", "accelerate"),
@@ -68,7 +68,7 @@ def method_of(policy: str, speculative: bool) -> str:
 
 
 def label_of(method: str) -> str:
-    from moespac.study import get_method
+    from moespac.catalogue import get_method
 
     try:
         return get_method(method).label
@@ -177,7 +177,7 @@ def wrapped_row(rec: dict) -> dict:
 
 def _offline_proxy(benchmark) -> bool:
     """Whether the offline prompts of `benchmark` (what the wrapped systems run) are a proxy set."""
-    from moespac.bench.datasets import get_benchmark
+    from moespac.datasets import get_benchmark
 
     try:
         return get_benchmark(benchmark).proxy_label is not None

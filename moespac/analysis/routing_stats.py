@@ -13,7 +13,7 @@ counts = (token, top-k slot) routing entries naming each expert:
   of moespac.scheduler.metrics.expert_cost_ratio. distinct_uniform is what uniform routing would give:
   E (1 - (1 - k/E)^n) for a step of n tokens (the what-if's uniform_distinct), mean over the decode steps.
 - reuse: |A_s & A_{s-1}| / |A_s| per layer over consecutive decode steps of the same request (A = experts a step
-  activates), mean over (pair, layer): moespac.models.proxy_stats.locality, proxy-stats' `reuse`.
+  activates), mean over (pair, layer): moespac.routing.locality, proxy-stats' `reuse`.
 - hot_cold_accuracy, smape: moespac.scheduler.metrics.hot_cold_accuracy and .smape on the whole trace, as
   `moespac bench` computes them for its records (the estimator runs over all decode steps in order; a trace
   without verify steps is scored with MoE-SpAc's AR mode, ablation no-sd, as Fig. 4's AR curve).
@@ -78,7 +78,7 @@ def routing_stats(trace, hardware: str = "rtx4090-pcie4", model_spec: str = "tra
     The hit rate simulates `policy` (default: moespac_policy(trace)) on `hardware` with `cache_ratio` of the
     experts on the device; model_spec 'trace' takes the trace's own spec, another registry name maps the trace
     onto that model (allow_topology_mismatch defaults to True then)."""
-    from moespac.models.proxy_stats import decode_counts, locality
+    from moespac.routing import decode_counts, locality
     from moespac.scheduler import metrics as sm
     from moespac.scheduler.config import MoESpAcConfig
     from moespac.sim.simulate import SimConfig, simulate
@@ -119,7 +119,7 @@ def paper_reference() -> dict:
     """The paper's values of these statistics where it gives them (moespac/reference/appendix_stats.csv):
     hot/cold accuracy ~0.87 (Sec. 4.3), sMAPE 0.490 (Qwen3-30B, App. B.1), GPU cache hit rate per benchmark
     (App. C.2, 0.70-0.75: `hit_rate` is their mean, `hit_rate_range` (low, high)); NaN elsewhere."""
-    from moespac.models.proxy_stats import paper_reference as proxy_reference
+    from moespac.experiments.proxy_stats import paper_reference as proxy_reference
     from moespac.models.registry import get_spec
     from moespac.reference import read_reference
 
@@ -140,12 +140,12 @@ def _num(v) -> float:
 
 
 def whatif_trace(skew: float, sweep=None):
-    """The speculative synthetic trace of the what-if at `skew` (moespac.sim.whatif.run_locality_sweep's, with
+    """The speculative synthetic trace of the what-if at `skew` (moespac.experiments.whatif.run_locality_sweep's, with
     the LocalitySweep's settings: its model spec's shape, tokens, gamma, persistence, acceptance, seed 0)."""
     from moespac.models.registry import get_spec
     from moespac.policy import Topology
     from moespac.sim.synthetic import synthetic_trace
-    from moespac.sim.whatif import LocalitySweep
+    from moespac.experiments.whatif import LocalitySweep
 
     cfg = sweep or LocalitySweep()
     spec = get_spec(cfg.model_spec)

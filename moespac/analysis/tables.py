@@ -15,9 +15,9 @@ import pandas as pd
 
 from moespac.analysis import paper
 from moespac.analysis.render import Block, cell, fmt, span
-from moespac.bench.datasets import get_benchmark
+from moespac.datasets import get_benchmark
 from moespac.errors import MoespacError
-from moespac.study import TABLE2_LABELS
+from moespac.catalogue import TABLE2_LABELS
 
 BLOCK_ORDER = {"simulated": 0, "measured": 1, "wrapped": 2}
 

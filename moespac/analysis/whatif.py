@@ -1,11 +1,11 @@
-"""The routing-locality what-if (moespac/sim/whatif.py) as a long-form CSV, a Markdown table and a figure."""
+"""The routing-locality what-if (moespac/experiments/whatif.py) as a long-form CSV, a Markdown table and a figure."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from moespac.sim.whatif import ratio_to_best_other
-from moespac.study import get_method
+from moespac.experiments.whatif import ratio_to_best_other
+from moespac.catalogue import get_method
 
 
 def locality_frame(record: dict) -> pd.DataFrame:

@@ -1,1 +1,1 @@
-"""Benchmarks: the seven prompt sets of the paper (datasets.py) and the run harness."""
+"""Benchmark runs: the harness that runs the paper's protocol (engine or simulated timing) and writes its records."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moespac.bench import datasets
+from moespac import datasets
 from moespac.bench.records import load_valid_record, write_failure, write_result
 from moespac.cache import COUNTERS  # the bench's counters are the cache's
 from moespac.errors import MoespacError, check_context
@@ -478,20 +478,13 @@ def summarize(rows: list[dict], calls: list[dict], trace) -> tuple[dict, list[di
         latency_s=stats(s["latency_s"] for s in samples), prefill_s=stats(s["prefill_s"] for s in samples),
         decode_s=stats(s["decode_s"] for s in samples), tokens_per_request=stats(r["new_tokens"] for r in rows),
         drafted=drafted, accepted=accepted, acceptance_rate=accepted / drafted if drafted else None, alpha=alpha,
-        omega=(new_tokens - len(rows)) / steps if steps else None, omega_from_alpha=omega_from_alpha(alpha, gamma),
+        omega=(new_tokens - len(rows)) / steps if steps else None, omega_from_alpha=sm.omega(gamma, alpha),
         hit_rate=counters["hits"] / activations if activations else None,
         host_share=counters["host"] / activations if activations else None,
         link_bytes=counters["bytes_copied"], counters=dict(counters, activations=activations),
         hot_cold_accuracy=_finite(hot_cold), smape=_finite(sm.smape(trace)),
         expert_cost_ratio={k: _finite(v) for k, v in cost.items()} or None)
     return metrics, samples
-
-
-def omega_from_alpha(alpha: float | None, gamma: int) -> float | None:
-    """Expected tokens per verify step, (1 - a^(g+1)) / (1 - a) (Leviathan et al. 2023); g + 1 when a = 1."""
-    if alpha is None or gamma < 1:
-        return None
-    return float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
 def stats(values) -> dict:

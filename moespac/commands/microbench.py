@@ -16,7 +16,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from moespac.errors import MoespacError
-    from moespac.scheduler.overhead import PAPER, measure
+    from moespac.experiments.overhead import PAPER, measure
 
     if not 0 <= args.alpha < 1 or args.repeats < 1:
         raise MoespacError("--alpha must lie in [0, 1) and --repeats be >= 1")

@@ -11,7 +11,7 @@ import typing
 from moespac.registry import parse_policy, policies
 
 WIDTH = 100  # the detail lines under each row wrap here, so the listing reads in a 100-column terminal
-LEGEND = ("methods: the names a workflow config uses (moespac/study.py METHODS); SD = speculative decoding "
+LEGEND = ("methods: the names a workflow config uses (moespac/catalogue.py METHODS); SD = speculative decoding "
           "with the draft, AR = autoregressive")
 
 
@@ -51,7 +51,7 @@ def spec_value(value) -> str:
 
 def policy_methods(name: str) -> list[dict]:
     """The catalogue methods (paper table rows) that run policy `name`, in catalogue order."""
-    from moespac.study import METHODS
+    from moespac.catalogue import METHODS
 
     return [dict(slug=slug, policy=m.policy, label=m.label, draft=m.draft)
             for slug, m in METHODS.items() if parse_policy(m.policy)[0] == name]

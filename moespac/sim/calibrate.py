@@ -219,7 +219,8 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
     from moespac.models.micro import draft_config, target_config
     from moespac.models.registry import spec_from_config
     from moespac.numerics import RandomSplit
-    from moespac.sim.cost import CostModel, expert_wall
+    from moespac.policy import expert_wall
+    from moespac.sim.cost import CostModel
 
     bare = dataclasses.replace(profile, layer_overhead=0.0, moe_layer_overhead=0.0, forward_overhead=0.0,
                                device_call_overhead=0.0, host_call_overhead=0.0, copy_overhead=0.0)

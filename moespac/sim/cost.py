@@ -47,12 +47,6 @@ OPS_PER_LAYER = 16
 ACT_BYTES = 2
 
 
-def expert_wall(dev, host, serial: bool):
-    """Wall time of a layer's expert phase from its device and host busy times (scalars or arrays): they run
-    concurrently, or one after the other when the device is the host CPU."""
-    return dev + host if serial else np.maximum(dev, host)
-
-
 @dataclass
 class Timing:
     """Seconds of every piece of work in one replay, precomputed per step (what the replay consumes)."""

@@ -26,8 +26,8 @@ import numpy as np
 
 from moespac.cache import COUNTERS, ExpertCache, PrefetchQueue
 from moespac.errors import MoespacError
-from moespac.policy import Policy, PolicyContext, StepInfo, UnitCosts
-from moespac.sim.cost import Timing, expert_wall
+from moespac.policy import Policy, PolicyContext, StepInfo, UnitCosts, expert_wall
+from moespac.sim.cost import Timing
 from moespac.sim.link import CopyLink
 from moespac.sim.workload import Workload
 

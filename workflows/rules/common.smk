@@ -6,10 +6,11 @@ from shlex import quote  # every config value that reaches a shell goes through 
 
 from snakemake.utils import validate
 
-from moespac.bench.datasets import BENCHMARKS as KNOWN_BENCHMARKS, get_benchmark
+from moespac.datasets import BENCHMARKS as KNOWN_BENCHMARKS, get_benchmark
 from moespac.models.micro import ARCHS as MICRO_ARCHS
 from moespac.registry import make_policy
-from moespac.study import check_limits, check_names, get_method, k_method
+from moespac.catalogue import get_method, k_method
+from moespac.workflow_checks import check_limits, check_names
 
 validate(config, schema="../schemas/config.schema.yaml")
 check_names(

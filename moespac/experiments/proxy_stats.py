@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from moespac.errors import MoespacError
-from moespac.models.proxy_train import top_share
+from moespac.routing import decode_counts, locality, top_share
 
 
 @dataclass
@@ -51,28 +51,13 @@ class BenchStats:
 
 def paper_reference() -> dict:
     """The paper's figures these stats compare with (moespac/reference/appendix_stats.csv)."""
-    from moespac.bench.datasets import get_benchmark
+    from moespac.datasets import get_benchmark
     from moespac.reference import appendix_value, read_reference
 
     alpha = {get_benchmark(r["context"]).name: float(r["value"])
              for r in read_reference("appendix_stats") if r["quantity"] == "acceptance_rate"}
     return dict(alpha=alpha, smape=appendix_value("smape", "Qwen3-30B"),
                 hot_cold_accuracy=appendix_value("hot_cold_accuracy"))
-
-
-def locality(per_request: list[np.ndarray]) -> tuple[float, float]:
-    """(reuse, active share) over consecutive decode steps of each request; counts [S, L, E] each."""
-    inter, active, n = 0.0, 0.0, 0
-    for c in per_request:
-        a = c > 0
-        if len(a) < 2:
-            continue
-        both = (a[1:] & a[:-1]).sum(-1)  # [S-1, L]
-        now = a[1:].sum(-1)
-        inter += float((both / np.maximum(now, 1)).sum())
-        active += float(now.sum() / a.shape[-1])
-        n += both.size
-    return (inter / n, active / n) if n else (float("nan"), float("nan"))
 
 
 def scheduler_metrics(per_request: list[np.ndarray], gamma: int) -> tuple[float | None, float | None]:
@@ -91,21 +76,11 @@ def scheduler_metrics(per_request: list[np.ndarray], gamma: int) -> tuple[float 
     return float((sm * w).sum() / w.sum()), float((acc * w).sum() / w.sum())
 
 
-def decode_counts(trace) -> list[np.ndarray]:
-    """Per request, activation counts [S, L, E] of its decode (verify / AR) steps, in order."""
-    req = trace.steps["step_request"]
-    out: dict[int, list] = {}
-    for s in range(trace.num_steps):
-        if trace.kind(s) != "prefill":
-            out.setdefault(int(req[s]), []).append(trace.step_counts(s))
-    return [np.stack(v) for _, v in sorted(out.items())]
-
-
 def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_tokens: int = 128, gamma: int = 8,
         seed: int = 0, temperature: float = 0.0, trace_dir: str | Path | None = None, progress=None) -> list[BenchStats]:
     """Speculative decoding of `prompts` prompts per benchmark, greedy (temperature 0) or sampled with exact
     speculative sampling; fixed length (EOS is ignored)."""
-    from moespac.bench.datasets import encode_prompts, get_benchmark, load_benchmark, seeded_sample
+    from moespac.datasets import encode_prompts, get_benchmark, load_benchmark, seeded_sample
     from moespac.engine.session import EngineConfig, EngineSession
     from moespac.engine.speculative import Sampling
     from moespac.models.loading import load_pair

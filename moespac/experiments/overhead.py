@@ -17,15 +17,10 @@ from moespac.policy import Topology, UnitCosts
 from moespac.scheduler.balancer import WorkloadBalancer, _learn
 from moespac.scheduler.config import MoESpAcConfig
 from moespac.scheduler.estimator import UtilityEstimator
-from moespac.scheduler.metrics import step_counts
+from moespac.scheduler.metrics import omega, step_counts
 from moespac.sim.synthetic import synthetic_trace
 
 PAPER = dict(estimator_ms_per_step=0.063, tau_ms_per_generation=0.529, state_kb=30.0, coef_ns_per_layer=4.31)
-
-
-def omega(gamma: int, alpha: float) -> float:
-    """Expected tokens per verify step (paper Eq. 1)."""
-    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
 @njit(cache=True, nogil=True)
