@@ -11,8 +11,11 @@ from moespac.hashing import stable_hash
 FIXTURE = Path(__file__).parent / "fixtures" / "record_simulated.json"
 
 
-def simulated_record(benchmark: str = "gsm8k", tps: float = 12.5, latency: float | None = None, **config) -> dict:
+def simulated_record(benchmark: str = "gsm8k", tps: float = 12.5, latency: float | None = None,
+                     method: str | None = "moespac", **config) -> dict:
+    """`method`: the table row the record is filed under (as `bench --method` writes it)."""
     rec = json.loads(FIXTURE.read_text())
+    rec["method"] = method
     rec["config"].update(benchmark=benchmark, **config)
     rec["config_hash"] = stable_hash(rec["config"])
     rec["benchmark"].update(name=benchmark, display=benchmark, label=benchmark)

@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 
 from moespac.analysis import audit, paper, tables
-from moespac.analysis.records import COLUMNS, method_of
+from moespac.analysis.records import COLUMNS
 from moespac.analysis.render import cell, latex, Block
 from moespac.errors import MoespacError
-from moespac.catalogue import METHODS, get_method, k_method
+from moespac.catalogue import get_method, k_method
 from moespac.workflow_checks import check_names
 
 
@@ -25,10 +25,8 @@ def test_paper_speedup_readings_and_the_claims_they_test():
     assert "MoE-SpeQ, SpecExp" in pattern.derived  # exactly these two rows have TPS x latency = 512
 
 
-def test_every_method_round_trips_through_its_policy_spec():
-    for slug, m in METHODS.items():
-        assert method_of(m.policy, m.draft) == slug
-    assert method_of("moespac:K=6", True) == "moespac-k6" == k_method(6)
+def test_k_variants_of_a_catalogue_method():
+    assert get_method(k_method(6)).policy == "moespac:K=6" and get_method("moespac-k6").draft
     assert get_method("moespac-no-adabc-k3").policy == "moespac:ablation=no-adabc,K=3"
     with pytest.raises(MoespacError, match="unknown method 'nope'"):
         get_method("nope")
@@ -168,7 +166,7 @@ def test_a_row_that_is_not_its_system_says_so(tmp_path):
     requests = [dict(id="gsm8k/1", new_tokens=8, decode_s=0.5, prefill_s=0.1, decode_tokens_per_s=14.0,
                      latency_s=0.6, prompt_tokens=12)]
     rec = wrapped_record("accelerate", dict(system="accelerate", model_pair=str(tmp_path), benchmark="gsm8k"), requests,
-                         placement=dict(offloaded=False))
+                         method="accelerate", placement=dict(offloaded=False))
     assert wrapped_row(rec)["note"] == "nothing offloaded: no GPU"
     assert wrapped_row(dict(rec, placement=dict(offloaded=True)))["note"] is None
     import json
@@ -289,8 +287,9 @@ def record(tmp_path):
 
     from records import simulated_record
 
-    def write(name, policy="moespac", gamma=8, cache=0.25, tokens=64, batch=1, tps=10.0):
-        rec = simulated_record("mt-bench", tps, latency=1.0, policy=policy, gamma=gamma, batch_size=batch,
+    def write(name, method="moespac", gamma=8, cache=0.25, tokens=64, batch=1, tps=10.0):
+        rec = simulated_record("mt-bench", tps, latency=1.0, method=method, policy=get_method(method).policy,
+                               gamma=gamma, batch_size=batch,
                                max_new_tokens=tokens, cache_ratio=cache, hardware="rtx4090-pcie4",
                                model_spec="qwen3-30b-a3b", target="t")
         path = tmp_path / f"{name}.json"
@@ -304,9 +303,9 @@ def sweep_groups(record, tps=lambda i: 10.0 + 5 * i):
     """The groups of Figures 5-7: two or three cells per sweep, the i-th with tokens/s tps(i)."""
     cache = [record(f"c{c}", cache=c, tps=tps(i)) for i, c in enumerate((0.1, 0.5))]
     return {"cache": cache, "length": [record(f"n{n}", tokens=n, tps=tps(i)) for i, n in enumerate((64, 128))],
-            "K": [record(f"k{k}", policy=f"moespac:K={k}", tps=tps(i)) for i, k in enumerate((2, 4, 8))],
-            "batch": [record(f"b{b}", batch=b, policy="hybrimoe", gamma=0, tps=tps(i)) for i, b in enumerate((1, 2, 4))],
-            "records": cache + [record(f"ar{c}", policy="moespac:ablation=no-sd", gamma=0, cache=c, tps=tps(i))
+            "K": [record(f"k{k}", method=k_method(k), tps=tps(i)) for i, k in enumerate((2, 4, 8))],
+            "batch": [record(f"b{b}", batch=b, method="hybrimoe", gamma=0, tps=tps(i)) for i, b in enumerate((1, 2, 4))],
+            "records": cache + [record(f"ar{c}", method="moespac-no-sd", gamma=0, cache=c, tps=tps(i))
                                 for i, c in enumerate((0.1, 0.5))]}
 
 

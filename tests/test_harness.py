@@ -95,6 +95,31 @@ def test_simulated_record_replays_the_trace_on_a_profile(measured, tmp_path):
                  "--from-trace", str(trace_path), "--out", str(tmp_path / "x.json")]) == 2
 
 
+
+def test_a_record_carries_the_method_it_was_filed_under_and_tables_read_it(measured, tmp_path, capsys):
+    from moespac.analysis.records import record_row
+
+    _, trace_path = measured  # recorded with the draft (gamma 2)
+    replay = ["bench", "--benchmark", "gsm8k", "--timing", "simulated", "--hardware", "h200", "--no-bounds",
+              "--from-trace", str(trace_path)]
+    assert main([*replay, "--method", "hybrimoe-k2", "--out", str(tmp_path / "x.json")]) == 2  # K: MoE-SpAc's only
+    assert "unknown method 'hybrimoe-k2'" in capsys.readouterr().err
+    # the same policy and trace, filed under two rows: one run, two names (the hash says what ran)
+    assert main([*replay, "--method", "lru-sd", "--out", str(tmp_path / "lru-sd.json")]) == 0
+    assert main([*replay, "--policy", "lru", "--out", str(tmp_path / "plain.json")]) == 0
+    named, plain = validate_record(tmp_path / "lru-sd.json"), validate_record(tmp_path / "plain.json")
+    assert named["method"] == "lru-sd" and plain["method"] is None and named["config_hash"] == plain["config_hash"]
+    assert (record_row("a", named)["method"], record_row("a", named)["label"]) == ("lru-sd", "LRU w/ SD (reference)")
+    assert record_row("b", plain)["method"] == "lru w/ SD"  # no method: named by its policy spec, never guessed
+    # a method that is not this run is refused before anything runs, naming both
+    capsys.readouterr()
+    assert main([*replay, "--method", "lru", "--out", str(tmp_path / "ar.json")]) == 2  # AR row, drafted trace
+    err = capsys.readouterr().err
+    assert "method 'lru' is policy 'lru' without a draft; this run is policy 'lru' with a draft" in err
+    assert main([*replay, "--method", "moespac", "--policy", "lru", "--out", str(tmp_path / "m.json")]) == 2
+    assert "method 'moespac' is policy 'moespac' with a draft; this run is policy 'lru'" in capsys.readouterr().err
+    assert not any((tmp_path / n).exists() for n in ("ar.json", "m.json", "x.json"))
+
 def test_batch_of_two_with_second_turns_simulated(micro_dir, tmp_path):
     # the target drafting for itself accepts every draft: 1 prefill token + one step of 2 drafts + 1 bonus
     out, target = tmp_path / "mt.json", str(micro_dir / "target")

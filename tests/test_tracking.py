@@ -17,8 +17,9 @@ from records import simulated_record
 
 
 def bench_record(policy="moespac", benchmark="gsm8k", gamma=8, tps=12.5):
-    """A schema-valid simulated bench record with these values (tests/records.py) and a NaN and a boolean metric."""
-    rec = simulated_record(benchmark, tps, policy=policy, gamma=gamma, target="proxy/target",
+    """A schema-valid simulated bench record with these values (tests/records.py) and a NaN and a boolean metric;
+    filed under the method of the policy's name (each policy used here is one)."""
+    rec = simulated_record(benchmark, tps, method=policy, policy=policy, gamma=gamma, target="proxy/target",
                            draft="proxy/draft" if gamma else None)
     rec["metrics"].update(hot_cold_accuracy=float("nan"), flag=True)
     return rec
@@ -85,7 +86,7 @@ def test_every_record_kind_logs_the_tables_tps_under_one_name(tmp_path):
     from baselines.wrapped._common import wrapped_record
 
     wrapped = wrapped_record("accelerate", dict(system="accelerate", model_pair=str(tmp_path / "pair"),
-                                                benchmark="gsm8k", max_new_tokens=8), requests)
+                                                benchmark="gsm8k", max_new_tokens=8), requests, method="accelerate")
     path = tmp_path / "w.json"
     path.write_text(json.dumps(wrapped))
     row = record_row(path)
@@ -152,7 +153,8 @@ def test_a_record_rewritten_with_another_config_leaves_no_stale_run(tmp_path, db
     other.write_text(json.dumps(bench_record(policy="lru", gamma=0, tps=7.0)))
     studies = {"table1": [str(cell), str(other)], "table2": [str(cell)]}
     first = ingest(studies, uri=db_uri, artifact_root=str(tmp_path / "art"))
-    rec = simulated_record("gsm8k", 11.0, policy="moespac", gamma=8, target="proxy/target", draft="proxy/draft",
+    rec = simulated_record("gsm8k", 11.0, method="moespac", policy="moespac", gamma=8, target="proxy/target",
+                           draft="proxy/draft",
                            hardware_sha256="another-profile")
     cell.write_text(json.dumps(rec))
     only_table1 = ingest({"table1": [str(cell), str(other)]}, uri=db_uri, artifact_root=str(tmp_path / "art"))

@@ -27,6 +27,8 @@ def add_common_arguments(p) -> None:
                    help="sampling temperature, seeded by --seed; 0 = greedy")
     p.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at end-of-sequence: always generate --max-new-tokens tokens")
+    p.add_argument("--method", default=None, metavar="NAME",
+                   help="the table row this run is (default: the system's name, '-sd' when it drafts); recorded")
     p.add_argument("--out", required=True, help="result record (JSON)")
 
 
@@ -138,19 +140,25 @@ def pair_models(model_pair: str) -> dict:
     return dict(target_id=model_id(str(pair / "target")), draft_id=model_id(str(pair / "draft")))
 
 
-def wrapped_record(system: str, config: dict, requests: list[dict], **extra) -> dict:
-    """A result record of a completed wrapped run: per-request results and their summary as metrics."""
+def filed_under(args, name: str) -> str:
+    """The table row a run is filed under: --method, else the system's CLI name ('-sd' when it drafts)."""
+    return getattr(args, "method", None) or (f"{name}-sd" if getattr(args, "draft", False) else name)
+
+
+def wrapped_record(system: str, config: dict, requests: list[dict], method: str, **extra) -> dict:
+    """A result record of a completed wrapped run: per-request results and their summary as metrics; `method` is
+    the table row it is filed under (beside the config, not in its hash)."""
     from moespac.record import make_record
 
-    return make_record("wrapped", "wrapped", config, summarize(requests), system=system, skipped=False,
+    return make_record("wrapped", "wrapped", config, summarize(requests), method=method, system=system, skipped=False,
                        requests=requests, models=pair_models(config["model_pair"]), **extra)
 
 
-def skipped_record(system: str, config: dict, reason: str, **extra) -> dict:
+def skipped_record(system: str, config: dict, reason: str, method: str, **extra) -> dict:
     """A record saying the system could not run here and why; the pipeline goes on (exit 0)."""
     from moespac.record import make_record
 
-    return make_record("wrapped", "wrapped", config, {}, system=system, skipped=True, skip_reason=reason,
+    return make_record("wrapped", "wrapped", config, {}, method=method, system=system, skipped=True, skip_reason=reason,
                        models=pair_models(config["model_pair"]), **extra)
 
 

@@ -14,7 +14,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from baselines.wrapped._common import add_common_arguments, benchmark_prompts, check_common_arguments, wrapped_record
+from baselines.wrapped._common import (add_common_arguments, benchmark_prompts, check_common_arguments, filed_under,
+                                       wrapped_record)
 from moespac.errors import MoespacError
 
 SYSTEM = "accelerate"
@@ -124,8 +125,8 @@ def run_benchmark(args) -> dict:
     sampling = dict(generate={k: v for k, v in gen.items() if k not in ("eos_token_id", "pad_token_id")})
     if args.temperature > 0:  # what else shapes the samples: the model's own generation_config
         sampling.update(top_k=model.generation_config.top_k, top_p=model.generation_config.top_p)
-    return wrapped_record(SYSTEM, config, requests, placement=where, offload_note=note, skipped_prompts=skipped,
-                          sampling=sampling,
+    return wrapped_record(SYSTEM, config, requests, method=filed_under(args, "accelerate"), placement=where,
+                          offload_note=note, skipped_prompts=skipped, sampling=sampling,
                           definitions=dict(prefill_s="generate() start to the first new token (streamer clock)",
                                            decode_tokens_per_s="(new tokens - 1) / (end - first new token)"))
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from baselines.wrapped import llamacpp_build
-from baselines.wrapped._common import (add_common_arguments, benchmark_prompts, check_common_arguments,
+from baselines.wrapped._common import (add_common_arguments, benchmark_prompts, check_common_arguments, filed_under,
                                        wrapped_record)
 # build() and convert() are this module's public entry points too (llamacpp.build, llamacpp.convert)
 from baselines.wrapped.llamacpp_build import ROOT, Build, build, build_info
@@ -235,8 +235,8 @@ def run_benchmark(args) -> dict:
                   max_new_tokens=args.max_new_tokens, max_context=args.max_context, speculative=bool(args.draft),
                   run=asdict(cfg), outtype=args.outtype, cuda=b.cuda, version=b.version)
     return wrapped_record(
-        SYSTEM, config, requests, build=build_info(b), conversion=conversion, tokenization_check=check,
-        skipped_prompts=skipped,
+        SYSTEM, config, requests, method=filed_under(args, "llamacpp"), build=build_info(b), conversion=conversion,
+        tokenization_check=check, skipped_prompts=skipped,
         definitions=dict(
             decode_tokens_per_s=("speculative: llama.cpp's 'decoded N tokens in T seconds' (whole draft+verify loop, "
                                  "sampling included); plain: its 'eval time ... tokens per second' (forward passes of "

@@ -24,8 +24,8 @@ import subprocess
 from pathlib import Path
 
 from baselines.wrapped._common import (RESOURCES, add_common_arguments, benchmark_prompts, check_common_arguments,
-                                       cuda_missing_reason, nvcc_missing_reason, run_logged, skipped_record,
-                                       wrapped_record)
+                                       cuda_missing_reason, filed_under, nvcc_missing_reason, run_logged,
+                                       skipped_record, wrapped_record)
 from moespac.errors import MoespacError
 
 SYSTEM = "moe-spac-release"
@@ -110,11 +110,11 @@ def run_benchmark(args) -> dict:
     pair = Path(args.model_pair)
     reason = skip_reason()
     if reason:
-        return skipped_record(SYSTEM, config_of(args), reason)
+        return skipped_record(SYSTEM, config_of(args), method=filed_under(args, "moespac-release"), reason=reason)
     src = clone(args.commit, ROOT / "src")
     want, have = release_shape(src), model_shape(pair / "target")
     if want != have:
-        return skipped_record(SYSTEM, config_of(args), (
+        return skipped_record(SYSTEM, config_of(args), method=filed_under(args, "moespac-release"), reason=(
             f"the release hard-codes {want[0]} layers x {want[1]} experts (Qwen3-30B-A3B); the target has "
             f"{have[0]} x {have[1]}; its README says to edit NLAYERS/NEXPERTS and rebuild for another model"))
     commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -131,8 +131,9 @@ def run_benchmark(args) -> dict:
             requests.append(dict(id=p.id, **execute(command_line(b.bin_dir, target_gguf, draft_gguf, path, args), True)))
         finally:
             path.unlink(missing_ok=True)
-    return wrapped_record(SYSTEM, dict(config_of(args), commit=commit), requests, build=build_info(b),
-                          conversion=conversion, skipped_prompts=skipped, untested_code_path=True)
+    return wrapped_record(SYSTEM, dict(config_of(args), commit=commit), requests,
+                          method=filed_under(args, "moespac-release"), build=build_info(b), conversion=conversion,
+                          skipped_prompts=skipped, untested_code_path=True)
 
 
 def main(args) -> int:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from baselines.wrapped._common import (add_common_arguments, benchmark_prompts, check_common_arguments,
-                                       cuda_missing_reason, skipped_record, wrapped_record)
+                                       cuda_missing_reason, filed_under, skipped_record, wrapped_record)
 from moespac.errors import MoespacError
 
 SYSTEM = "vllm"
@@ -71,7 +71,7 @@ def run_benchmark(args) -> dict:
     check_common_arguments(args)
     reason = skip_reason()
     if reason:
-        return skipped_record(SYSTEM, config_of(args), reason)
+        return skipped_record(SYSTEM, config_of(args), method=filed_under(args, "vllm"), reason=reason)
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from moespac.models.loading import load_tokenizer
@@ -110,7 +110,8 @@ def run_benchmark(args) -> dict:
             r["acceptance_rate"] = r["accepted"] / r["drafted"] if r["drafted"] else None
         requests.append(r)
     config = dict(config_of(args), cpu_offload_gb=offload)
-    return wrapped_record(SYSTEM, config, requests, skipped_prompts=skipped, untested_code_path=True)
+    return wrapped_record(SYSTEM, config, requests, method=filed_under(args, "vllm"), skipped_prompts=skipped,
+                          untested_code_path=True)
 
 
 def main(args) -> int:

@@ -13,12 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from moespac.errors import MoespacError
-from moespac.registry import parse_policy
-from moespac.catalogue import METHODS
 
-# wrapped systems -> method slug (without draft, with draft)
-WRAPPED_METHODS = {"llama.cpp": ("llamacpp", "llamacpp-sd"), "accelerate": ("accelerate", "accelerate"),
-                   "vllm": ("vllm", "vllm"), "moe-spac-release": ("moespac-release", "moespac-release")}
 # rows of wrapped systems that are not a catalogue method (the authors' code: a reference, not our MoE-SpAc row)
 WRAPPED_LABELS = {"moespac-release": "MoE-SpAc (authors' release)"}
 
@@ -43,28 +38,6 @@ def machine_name(env: dict) -> str:
         return gpu["name"]
     threads = env.get("cpu_threads")
     return f"CPU ({env.get('cpu') or '?'}" + (f", {threads} thread{'s' if threads != 1 else ''})" if threads else ")")
-
-
-def _key(policy: str, draft: bool) -> tuple:
-    name, options = parse_policy(policy)
-    return name, tuple(sorted(options.items())), bool(draft)
-
-
-_BY_KEY = {_key(m.policy, m.draft): slug for slug, m in METHODS.items()}
-
-
-def method_of(policy: str, speculative: bool) -> str:
-    """The catalogue slug of a policy spec run with or without a draft (K variants: <base>-k<K>)."""
-    key = _key(policy, speculative)
-    if key in _BY_KEY:
-        return _BY_KEY[key]
-    name, options = parse_policy(policy)
-    if "K" in options:
-        rest = {k: v for k, v in options.items() if k != "K"}
-        base = _BY_KEY.get((name, tuple(sorted(rest.items())), bool(speculative)))
-        if base:
-            return f"{base}-k{options['K']}"
-    return f"{policy}{' w/ SD' if speculative else ''}"
 
 
 def label_of(method: str) -> str:
@@ -108,7 +81,8 @@ def _num(x):
 def bench_row(rec: dict) -> dict:
     c, m = rec["config"], rec["metrics"]
     speculative = int(c.get("gamma") or 0) > 0
-    method = method_of(c["policy"], speculative)
+    # the row the run was filed under (`bench --method`); a run without one is named by its policy spec
+    method = rec.get("method") or f"{c['policy']}{' w/ SD' if speculative else ''}"
     cost = m.get("expert_cost_ratio") or {}
     if rec["timing"] == "simulated":
         sim = rec.get("simulation") or {}
@@ -156,8 +130,7 @@ def wrapped_row(rec: dict) -> dict:
     c, m = rec["config"], rec["metrics"]
     system = rec.get("system") or c.get("system")
     speculative = bool(c.get("speculative"))
-    plain, sd = WRAPPED_METHODS.get(system, (system, f"{system}-sd"))
-    method = sd if speculative else plain
+    method = rec.get("method") or system  # the row it was filed under (`wrapped --method`)
     models = rec.get("models") or {}
     return dict(
         kind="wrapped", timing="wrapped", method=method, label=WRAPPED_LABELS.get(method) or label_of(method),
@@ -213,6 +186,9 @@ def record_row(path, rec: dict | None = None) -> dict:
         row = dict(bench_row(rec), **_intervals(rec, "tokens_per_s"))
     elif kind == "wrapped":
         row = dict(wrapped_row(rec), **_intervals(rec, "decode_tokens_per_s"))
+    elif kind == "simulate":  # per-request means and intervals need a benchmark's requests, which the harness keeps
+        raise MoespacError(f"record {path}: a `moespac simulate` replay is not a table cell; replay a bench trace with "
+                           "`moespac bench --timing simulated --from-trace TRACE --method NAME` for one")
     else:
         raise MoespacError(f"record {path}: kind {kind!r} is not a benchmark cell")
     if row["timing"] != rec.get("timing"):

@@ -47,6 +47,10 @@ class BenchConfig:
     """Draft model: local folder or hub id; None = autoregressive decoding."""
     policy: str = "moespac"
     """Scheduling policy, name[:key=value,...]."""
+    method: str | None = None
+    """The table row this run is a cell of (moespac/catalogue.py, e.g. 'hybrimoe' or 'moespac-k6'); checked
+    against policy and decoding, written beside the config (a name of what ran, not part of its hash). None:
+    tables name the row by its policy spec."""
     gamma: int = 8
     """Draft length; 0 = autoregressive (the draft is not loaded)."""
     batch_size: int = 1
@@ -206,6 +210,8 @@ def prepare(cfg: BenchConfig) -> Prepared:
                     ignore_eos=cfg.ignore_eos, temperature=cfg.temperature, dtype=cfg.dtype)
     config = dict(tcfg, timing=cfg.timing, policy=cfg.policy, cache_ratio=cfg.cache_ratio, cache_gib=cfg.cache_gib,
                   per_layer=cfg.per_layer)
+    if cfg.method is not None:
+        check_method(cfg.method, cfg.policy, int(tcfg["gamma"]) > 0)
     if cfg.timing == "measured":
         config.update(copy_mode=cfg.copy_mode, device=resolve_device(cfg.device), warmup=cfg.warmup)
     else:
@@ -218,6 +224,17 @@ def prepare(cfg: BenchConfig) -> Prepared:
 
             config["profile_traces"] = [load_trace(p).trace_id() for p in cfg.profile_traces]
     return Prepared(config, tcfg, target, draft, trace, profile)
+
+
+def check_method(method: str, policy: str, speculative: bool) -> None:
+    """A run filed under a catalogue method must be that method: its policy spec, with a draft or without."""
+    from moespac.catalogue import get_method
+
+    m = get_method(method)
+    decoding = lambda draft: "with a draft" if draft else "without a draft"  # noqa: E731
+    if (m.policy, m.draft) != (policy, speculative):
+        raise MoespacError(f"method {method!r} is policy {m.policy!r} {decoding(m.draft)}; this run is policy "
+                           f"{policy!r} {decoding(speculative)}")
 
 
 def _ref(ref: str | None) -> str | None:
@@ -263,7 +280,7 @@ def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = T
     name, options = parse_policy(cfg.policy)
     proxy = any(facts["proxy"])
     return make_record(
-        "bench", cfg.timing, prep.config, metrics,
+        "bench", cfg.timing, prep.config, metrics, method=cfg.method,
         benchmark=dict(name=bench.name, display=bench.display, label=bench.proxy_label if proxy else bench.display,
                        source=tcfg["source"], proxy=proxy),
         models=dict(target=prep.target, draft=prep.draft, target_id=tcfg["target_id"], draft_id=tcfg["draft_id"],

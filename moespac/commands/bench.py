@@ -17,7 +17,10 @@ def register(sub) -> None:
                    help="folder holding target/ and draft/ (a proxy or micro pair), instead of --target/--draft")
     p.add_argument("--no-draft", action="store_true", help="autoregressive decoding (same as --gamma 0)")
     add_engine_args(p)
-    p.set_defaults(policy="moespac")
+    p.set_defaults(policy=None)
+    p.add_argument("--method", default=None, metavar="NAME",
+                   help="the table row this run is (`moespac policy list`, e.g. hybrimoe, moespac-no-sd): sets "
+                        "--policy and, for a method without a draft, --no-draft; recorded, so tables read it")
     g = p.add_argument_group("protocol")
     g.add_argument("--benchmark", required=True, help="mmlu-pro, mt-bench, gsm8k, humaneval, alpaca, cnn-dm or qa")
     g.add_argument("--source", default="offline", choices=["offline", "hub"], help="prompt source")
@@ -75,9 +78,17 @@ def run(args) -> int:
 
     check_output_paths(args, "out", "trace")
     target, draft = model_refs(args)
+    policy, no_draft = args.policy, args.no_draft
+    if args.method is not None:
+        from moespac.catalogue import get_method
+
+        method = get_method(args.method)
+        policy = method.policy if policy is None else policy  # a different --policy is refused by the harness
+        no_draft = no_draft or (not method.draft and args.timing == "measured")
     cfg = BenchConfig(
-        benchmark=args.benchmark, target=target, draft=None if args.no_draft else draft, policy=args.policy,
-        gamma=0 if args.no_draft else args.gamma, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        benchmark=args.benchmark, target=target, draft=None if no_draft else draft, policy=policy or "moespac",
+        method=args.method, gamma=0 if no_draft else args.gamma, batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
         ignore_eos=args.ignore_eos, temperature=args.temperature, warmup=args.warmup, limit=args.limit, seed=args.seed,
         source=args.source, turns=args.turns, cache_ratio=args.cache_ratio, cache_gib=args.cache_gib,
         per_layer=args.per_layer_cache, copy_mode=args.copy_mode, dtype=args.dtype, device=args.device,

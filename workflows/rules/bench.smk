@@ -41,14 +41,13 @@ rule simulate_cell:
         "../envs/moespac.yaml"
     threads: 1
     params:
-        policy=get_policy,
         draft=get_draft_spec_arg,
         bounds=get_bounds_flag,
         profile=get_profile_args,
     shell:
         "moespac bench --timing simulated --from-trace {input.trace} {params.profile} --hardware {wildcards.hardware:q}"
         " --model-spec {wildcards.spec:q} {params.draft} --allow-topology-mismatch --benchmark {wildcards.benchmark:q}"
-        " --policy {params.policy:q} --cache-ratio {wildcards.cache} {params.bounds} --no-progress --out {output}"
+        " --method {wildcards.method:q} --cache-ratio {wildcards.cache} {params.bounds} --no-progress --out {output}"
         " > {log} 2>&1"
 
 
@@ -69,13 +68,12 @@ rule bench_measured:
         gpu=1,
     params:
         models=get_model_args,
-        policy=get_policy,
         limit=get_limit(ENGINE),
         prompts=get_prompt_args,
         warmup=ENGINE["warmup"],
     shell:
         "OMP_NUM_THREADS={threads} moespac bench {params.models} --benchmark {wildcards.benchmark:q}"
-        " --policy {params.policy:q} --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
+        " --method {wildcards.method:q} --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
         " --max-new-tokens {wildcards.tokens} --cache-ratio {wildcards.cache} {params.limit} {params.prompts}"
         " --warmup {params.warmup} --no-progress --out {output} > {log} 2>&1"
 
@@ -102,7 +100,8 @@ rule bench_llamacpp:
         pair=get_pair_folder,
         run=get_llamacpp_args,
     shell:
-        "moespac wrapped llamacpp --model-pair {params.pair:q} --benchmark {wildcards.benchmark:q}"
+        "moespac wrapped llamacpp --model-pair {params.pair:q} --method {wildcards.method:q}"
+        " --benchmark {wildcards.benchmark:q}"
         " --max-new-tokens {wildcards.tokens} {params.run} --threads {threads} --out {output} > {log} 2>&1"
 
 
@@ -129,5 +128,6 @@ rule bench_wrapped:
         run=get_wrapped_args,
     shell:
         "OMP_NUM_THREADS={threads} moespac wrapped {wildcards.system:q} --model-pair {params.pair:q}"
+        " --method {wildcards.system:q}"
         " --benchmark {wildcards.benchmark:q} --max-new-tokens {wildcards.tokens} {params.run} --out {output}"
         " > {log} 2>&1"
