@@ -237,10 +237,11 @@ EXPERIMENT_KIND = "custom_model_development"  # MLflow's tag value for a trainin
 
 def study_description(study: str) -> str:
     """What an experiment holds, for its MLflow description."""
-    from moespac.analysis.tables import TITLES
+    from moespac.analysis.outputs import OUTPUTS
 
-    if study in TITLES:
-        return f"{TITLES[study]}: one run per cell of the table (result record), timing label in tag moespac.timing."
+    if study in OUTPUTS and OUTPUTS[study].kind == "table":
+        return (f"{OUTPUTS[study].title}: one run per cell of the table (result record), timing label in tag "
+                "moespac.timing.")
     if study.startswith("sweep_"):
         return (f"Sweep of {study.removeprefix('sweep_')} (Figures 5-7): one run per point and method "
                 "(result record), timing label in tag moespac.timing.")

@@ -365,8 +365,3 @@ def fig_overhead(groups: dict):
     ax.set_title(f"Section 3.4: MoE-SpAc scheduler overhead at {L}x{E} top-{k}, gamma {m['gamma']}", fontsize=9)
     ax.legend(fontsize=7)
     return fig
-
-
-FIGURES = {"fig4_hot_cold": fig4_hot_cold, "fig5_sensitivity": fig5_sensitivity, "fig6_batch": fig6_batch,
-           "fig7_draft_vs_cache": fig7_draft_vs_cache, "fig8_expert_reuse": fig8_expert_reuse,
-           "fig9_heatmaps": fig9_heatmaps, "fig10_utility": fig10_utility, "fig_overhead": fig_overhead}

@@ -348,12 +348,3 @@ def appendix_a1(rows: pd.DataFrame):
                             ["Metric"] + [display(b, part) for b in cols],
                             body, notes))
     return pd.DataFrame(long), blocks
-
-
-BUILDERS = {"table1": table1, "table2": table2, "table3": table3, "table4": table4, "appendix_a1": appendix_a1}
-TITLES = {"table1": "Table 1: TPS and latency of every method on the seven benchmarks",
-          "table2": "Table 2: ablations of MoE-SpAc",
-          "table3": "Table 3: other models and hardware",
-          "table4": "Table 4: MoE-SpAc TPS over batch size and draft length",
-          "table6": "Table 6: numerical validation of the hybrid MoE layer",
-          "appendix_a1": "Appendix A.1: acceptance, token yield, expert cost ratio and TPS"}

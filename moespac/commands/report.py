@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
+from moespac.analysis.outputs import get_output, names
 from moespac.errors import MoespacError
-
-TABLES = ("table1", "table2", "table3", "table4", "table6", "appendix_a1")
-# moespac.analysis.figures.FIGURES; named here so that building the CLI does not import matplotlib
-FIGURES = ("fig4_hot_cold", "fig5_sensitivity", "fig6_batch", "fig7_draft_vs_cache", "fig8_expert_reuse",
-           "fig9_heatmaps", "fig10_utility", "fig_overhead")
 
 
 def register(sub) -> None:
@@ -16,13 +12,13 @@ def register(sub) -> None:
     rsub = p.add_subparsers(dest="report_command", required=True, metavar="WHAT")
 
     t = rsub.add_parser("table", help="one paper table as PREFIX.csv, PREFIX.md and PREFIX.tex")
-    t.add_argument("name", choices=TABLES)
+    t.add_argument("name", choices=names("table"))
     t.add_argument("inputs", nargs="+", help="result records (Table 6: the `moespac numerics --json` file)")
     t.add_argument("--out", required=True, metavar="PREFIX", help="output path without extension")
     t.set_defaults(func=run_table)
 
     f = rsub.add_parser("figure", help="one paper figure as PREFIX.png and PREFIX.pdf")
-    f.add_argument("name", choices=FIGURES)
+    f.add_argument("name", choices=names("figure"))
     f.add_argument("--group", action="append", nargs="+", default=[], metavar=("NAME", "FILE"),
                    help="a named group of input files (records or traces); repeat per group")
     f.add_argument("--out", required=True, metavar="PREFIX", help="output path without extension")
@@ -69,29 +65,27 @@ def register(sub) -> None:
 
 
 def run_table(args) -> int:
-    from moespac.analysis import tables
     from moespac.analysis.records import load_rows
     from moespac.analysis.render import write_table
 
-    if args.name == "table6":
-        long, blocks = tables.table6(args.inputs[0])
+    table = get_output(args.name, "table")
+    if table.reads == "file":
+        long, blocks = table.load()(args.inputs[0])
     else:
         rows = load_rows(args.inputs)
         if rows.empty:
             raise MoespacError(f"{args.name}: no result records among the inputs")
-        long, blocks = tables.BUILDERS[args.name](rows)
-    paths = write_table(args.out, tables.TITLES[args.name], long, blocks)
+        long, blocks = table.load()(rows)
+    paths = write_table(args.out, table.title, long, blocks)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 
 
 def run_figure(args) -> int:
-    from moespac.analysis import figures
-
     groups = {}
     for name, *files in args.group:
         groups.setdefault(name, []).extend(files)
-    paths = figures.FIGURES[args.name](groups, args.out)
+    paths = get_output(args.name, "figure").load()(groups, args.out)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 

@@ -6,6 +6,7 @@ from shlex import quote  # every config value that reaches a shell goes through 
 
 from snakemake.utils import validate
 
+from moespac.analysis.outputs import OUTPUTS, lookup, names as output_names
 from moespac.datasets import BENCHMARKS as KNOWN_BENCHMARKS, get_benchmark
 from moespac.models.micro import ARCHS as MICRO_ARCHS
 from moespac.registry import make_policy
@@ -171,6 +172,10 @@ def sim_draft(method, draft=None):
     return (draft or SIM["draft_spec"]) if get_method(method).draft else "none"
 
 
+# simulated cell -> the trace it replays, as sim_cell built both (never parsed back out of the path)
+TRACE_OF_CELL = {}
+
+
 def sim_cell(
     method,
     benchmark,
@@ -187,12 +192,14 @@ def sim_cell(
     `simulation` section's value. The draft is in the path so that changing it reruns its cells.
     """
     g = decode_gamma(method, SIM["gamma"] if gamma is None else gamma)
-    return (
+    pair, batch, tokens = pair or SIM["pair"], batch or SIM["batch_size"], tokens or SIM["max_new_tokens"]
+    path = (
         f"results/simulated/{hardware or SIM['hardware']}/{spec or SIM['model_spec']}/{sim_draft(method, draft)}/"
-        f"{pair or SIM['pair']}/"
-        f"{benchmark}/{method}/g{g}-b{batch or SIM['batch_size']}-n{tokens or SIM['max_new_tokens']}"
+        f"{pair}/{benchmark}/{method}/g{g}-b{batch}-n{tokens}"
         f"-c{fmt_ratio(SIM['cache_ratio'] if cache is None else cache)}.json"
     )
+    TRACE_OF_CELL[path] = trace_file(pair, benchmark, g, batch, tokens)
+    return path
 
 
 def measured_cell(method, benchmark, pair=None):
@@ -365,20 +372,15 @@ def table4_records():
     ]
 
 
+# the sim_cell setting each sweep varies (K varies the method: MoE-SpAc's utility bound is a policy option)
+SWEEP_SETTING = {"cache_ratio": "cache", "draft_cache": "cache", "gen_length": "tokens", "batch": "batch"}
+
+
 def sweep_records(name):
     s = SWEEPS[name]
-    cells = []
-    for m in s["methods"]:
-        for v in s["values"]:
-            if name in ("cache_ratio", "draft_cache"):
-                cells.append(sim_cell(m, s["benchmark"], cache=v))
-            elif name == "gen_length":
-                cells.append(sim_cell(m, s["benchmark"], tokens=v))
-            elif name == "batch":
-                cells.append(sim_cell(m, s["benchmark"], batch=v))
-            else:  # K
-                cells.append(sim_cell(k_method(v, m), s["benchmark"]))
-    return cells
+    if name == "K":
+        return [sim_cell(k_method(v, m), s["benchmark"]) for m in s["methods"] for v in s["values"]]
+    return [sim_cell(m, s["benchmark"], **{SWEEP_SETTING[name]: v}) for m in s["methods"] for v in s["values"]]
 
 
 def study_traces(benchmarks, draft=True):
@@ -390,34 +392,30 @@ def study_traces(benchmarks, draft=True):
     ]
 
 
-def get_table_records(wildcards):
-    if wildcards.table == "appendix_a1":
-        return table1_records()
+def active(section):
+    return config[section]["activate"]
+
+
+def study_records(name):
+    """The record files of one study (none when its config section is off)."""
+    if name.startswith("sweep_"):
+        sweep = name.removeprefix("sweep_")
+        return sweep_records(sweep) if SWEEPS[sweep]["activate"] else []
+    if name != "table1" and not active(name):
+        return []
     return {
         "table1": table1_records,
         "table2": table2_records,
         "table3": table3_records,
         "table4": table4_records,
-    }[wildcards.table]()
-
-
-def active(section):
-    return config[section]["activate"]
+    }[name]()
 
 
 def studies():
-    """{study name: record files}; a record may serve several studies (MLflow files it under the first)."""
-    out = {"table1": table1_records()}
-    for name, records in (
-        ("table2", table2_records),
-        ("table3", table3_records),
-        ("table4", table4_records),
-    ):
-        if active(name):
-            out[name] = records()
-    for name in SWEEPS:
-        if SWEEPS[name]["activate"]:
-            out[f"sweep_{name}"] = sweep_records(name)
+    """{study name: record files} of every study that runs; a record may serve several studies."""
+    names = ["table1", "table2", "table3", "table4"] + [f"sweep_{s}" for s in SWEEPS]
+    out = {n: study_records(n) for n in names}
+    out = {n: files for n, files in out.items() if files or n == "table1"}
     cells = [c for records in out.values() for c in records]
     traces = {trace_record_of(c) for c in cells if c.startswith("results/simulated/")}
     out["traces"] = sorted(traces | {t.replace(".npz", ".json") for t in traces_used()})
@@ -426,11 +424,7 @@ def studies():
 
 def trace_record_of(sim_path):
     """The record of the engine run that recorded the trace a simulated cell replays."""
-    m = re.match(
-        r"results/simulated/[^/]+/[^/]+/[^/]+/(?P<rest>[^/]+/[^/]+)/[^/]+/(?P<run>g\d+-b\d+-n\d+)-c",
-        sim_path,
-    )
-    return f"results/traces/{m['rest']}/{m['run']}.json"
+    return TRACE_OF_CELL[sim_path].replace(".npz", ".json")
 
 
 def traces_used():
@@ -439,38 +433,27 @@ def traces_used():
     return study_traces(benchmarks) + study_traces(benchmarks, draft=False)
 
 
-def figure_inputs(figure):
-    """{group: files} a figure reads (records or traces)."""
-    b, fig4 = FIGS["heatmap_benchmark"], FIGS["fig4_benchmarks"]
-    if figure == "fig4_hot_cold":
-        return {"sd": study_traces(fig4), "ar": study_traces(fig4, draft=False)}
-    if figure == "fig5_sensitivity":
-        names = {"cache": "cache_ratio", "length": "gen_length", "K": "K"}
-        return {
-            g: sweep_records(s) if SWEEPS[s]["activate"] else []
-            for g, s in names.items()
-        }
-    if figure == "fig6_batch":
-        return {"batch": sweep_records("batch")}
-    if figure == "fig7_draft_vs_cache":
-        return {"records": sweep_records("draft_cache")}
-    if figure == "fig8_expert_reuse":
-        return {"records": table4_records()}
-    if figure == "fig9_heatmaps":
-        return {"sd": study_traces([b]), "ar": study_traces([b], draft=False)}
-    if figure == "fig10_utility":
-        return {"sd": study_traces([b])}
-    return {"record": ["results/overhead/scheduler.json"]}  # fig_overhead
+def source_files(source):
+    """The files an output's input source names (moespac/analysis/outputs.py: study:, traces:, file:)."""
+    kind, _, rest = source.partition(":")
+    if kind == "study":
+        return study_records(rest)
+    if kind == "traces":
+        key, mode = rest.rsplit(":", 1)
+        return study_traces(as_list(lookup(config, key)), draft=mode == "sd")
+    return [rest]
 
 
-def get_figure_inputs(wildcards):
-    return figure_inputs(wildcards.figure)
+def get_output_inputs(wildcards):
+    """{group: files} of the paper table or figure the job builds."""
+    name = getattr(wildcards, "table", None) or wildcards.figure
+    return {g: source_files(src) for g, src in OUTPUTS[name].inputs.items()}
 
 
 def get_figure_groups(wildcards, input):
     args = [" ".join(["--group", name, *as_list(input[name])]) for name in input.keys()]
-    if wildcards.figure == "fig9_heatmaps":
-        args.append(f"--group layer {FIGS['heatmap_layer']}")
+    for group, key in OUTPUTS[wildcards.figure].settings.items():
+        args.append(f"--group {group} {quote(str(lookup(config, key)))}")
     return " ".join(args)
 
 
@@ -498,25 +481,12 @@ def get_study_args(wildcards, input):
 # ---- outputs
 
 
-TABLES = ["table1", "table6", "appendix_a1"]
-FIGURES = ["fig4_hot_cold", "fig9_heatmaps", "fig10_utility", "fig_overhead"]
-
-
 def table_names():
-    return TABLES + [t for t in ("table2", "table3", "table4") if active(t)]
+    return [n for n in output_names("table") if OUTPUTS[n].active(config)]
 
 
 def figure_names():
-    names = list(FIGURES)
-    if any(SWEEPS[s]["activate"] for s in ("cache_ratio", "gen_length", "K")):
-        names.append("fig5_sensitivity")
-    if SWEEPS["batch"]["activate"]:
-        names.append("fig6_batch")
-    if SWEEPS["draft_cache"]["activate"]:
-        names.append("fig7_draft_vs_cache")
-    if active("table4"):
-        names.append("fig8_expert_reuse")
-    return names
+    return [n for n in output_names("figure") if OUTPUTS[n].active(config)]
 
 
 def get_audit_tables(wildcards):
@@ -618,8 +588,8 @@ def get_final_output():
 
 wildcard_constraints:
     # paper tables and figures only: paper_figs/ also holds what-if and proxy-stats outputs of other rules
-    table=r"table\d+|appendix_a1",
-    figure=r"fig\w+",
+    table=alternatives(output_names("table")),
+    figure=alternatives(output_names("figure")),
     pair=alternatives(PAIRS),
     benchmark=alternatives(KNOWN_BENCHMARKS),
     method="[a-z0-9-]+",

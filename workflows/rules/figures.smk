@@ -22,7 +22,7 @@ rule scheduler_overhead:
 
 rule paper_figure:
     input:
-        unpack(get_figure_inputs),
+        unpack(get_output_inputs),
     output:
         png=report(
             "paper_figs/{figure}.png",

@@ -6,13 +6,13 @@
 localrules:
     paper_table,
     routing_stats,
-    table6,
     audit,
 
 
 rule paper_table:
+    # every table of moespac/analysis/outputs.py: its records (Table 6: the numerics check's file)
     input:
-        get_table_records,
+        unpack(get_output_inputs),
     output:
         csv=report(
             "paper_figs/{table}.csv",
@@ -26,36 +26,12 @@ rule paper_table:
         ),
     log:
         "results/logs/paper_table/{table}.log",
-    wildcard_constraints:
-        table="table1|table2|table3|table4|appendix_a1",
     conda:
         "../envs/moespac.yaml"
     params:
         prefix=output_prefix,
     shell:
-        "moespac report table {wildcards.table} {input} --out {params.prefix} > {log} 2>&1"
-
-
-rule table6:
-    input:
-        "results/smoke/numerics.json",
-    output:
-        csv=report(
-            "paper_figs/table6.csv",
-            caption="../report/table_data.rst",
-            category="Data (long-form CSV)",
-        ),
-        md="paper_figs/table6.md",
-        tex="paper_figs/table6.tex",
-        html=report(
-            "paper_figs/table6.html", caption="../report/tables.rst", category="Tables"
-        ),
-    log:
-        "results/logs/paper_table/table6.log",
-    conda:
-        "../envs/moespac.yaml"
-    shell:
-        "moespac report table table6 {input} --out paper_figs/table6 > {log} 2>&1"
+        "moespac report table {wildcards.table} {input.records} --out {params.prefix} > {log} 2>&1"
 
 
 rule routing_stats:
