@@ -11,6 +11,12 @@ def require(condition: bool, message: str) -> None:
         raise MoespacError(message)
 
 
+def check_unit_interval(what: str, value) -> None:
+    """A share (cache ratio, acceptance rate) lies in [0, 1]; None means 'not given' and passes."""
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise MoespacError(f"{what} {value} outside [0, 1]")
+
+
 def check_context(what: str, prompt_tokens: int, max_new_tokens: int, gamma: int, context: int,
                   whose: str = "the target's") -> None:
     """A prompt, its new tokens and the gamma + 1 positions a verify pass runs past the text must fit the context

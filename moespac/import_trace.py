@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 from moespac.hashing import stable_hash
 from moespac.models.registry import ModelSpec
 from moespac.policy import Topology
@@ -246,8 +246,7 @@ def _acceptance(requests: list[Request], given: float | None, gamma: int, path: 
     if gamma == 0:
         return None, "none (gamma 0: autoregressive steps)"
     if given is not None:
-        if not 0.0 <= given <= 1.0:
-            raise MoespacError(f"--acceptance {given} outside [0, 1]")
+        check_unit_interval("--acceptance", given)
         return given, "given"
     rated = [r for r in requests if r.accept_rate is not None]
     if not rated:

@@ -65,17 +65,14 @@ def benchmark_prompts(tokenizer, benchmark: str, limit: int, seed: int, max_cont
 
     `limit` prompts are drawn as load_benchmark draws them; a limit above the set's size takes them all.
     """
-    from moespac.datasets import encode_prompts, load_benchmark, seeded_sample
+    from moespac.datasets import chat_text, encode_prompts, load_benchmark, seeded_sample
 
     prompts = seeded_sample(load_benchmark(benchmark), limit, seed)
     encoded = encode_prompts(prompts, tokenizer, max_context=max_context, max_new_tokens=max_new_tokens)
-    templated = bool(getattr(tokenizer, "chat_template", None))
     out = []
     for prompt, ids in encoded.items:
-        turn = prompt.turns[0]
-        text = (tokenizer.apply_chat_template([{"role": "user", "content": turn}], tokenize=False, add_generation_prompt=True)
-                if templated else turn)
-        out.append(PromptText(prompt.id, text, ids, templated))
+        text = chat_text(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+        out.append(PromptText(prompt.id, prompt.turns[0] if text is None else text, ids, text is not None))
     return out, encoded.skipped
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from moespac import datasets
 from moespac.bench.records import load_valid_record, write_failure, write_result
 from moespac.cache import COUNTERS  # the bench's counters are the cache's
-from moespac.errors import MoespacError, check_context
+from moespac.errors import MoespacError, check_context, check_unit_interval
 from moespac.hashing import model_id, stable_hash
 from moespac.record import make_record
 from moespac.registry import parse_policy
@@ -126,12 +126,12 @@ class BenchConfig:
             (self.temperature >= 0, f"temperature {self.temperature} must be >= 0"),
             (self.source in datasets.SOURCES, f"source {self.source!r}: one of {', '.join(datasets.SOURCES)}"),
             (self.turns in TURNS, f"turns {self.turns!r}: one of {', '.join(TURNS)}"),
-            (self.cache_ratio is None or 0.0 <= self.cache_ratio <= 1.0, f"cache_ratio {self.cache_ratio} outside [0, 1]"),
             (self.cache_gib is None or self.cache_gib >= 0, f"cache_gib {self.cache_gib} must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
                 raise MoespacError(message)
+        check_unit_interval("cache_ratio", self.cache_ratio)
 
     @property
     def speculative(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 
 
 def floats(text: str) -> list[float]:
@@ -76,8 +76,7 @@ def check_engine_args(args) -> None:
     check_output_paths(args, "json", "trace", "out")
     if getattr(args, "draft", None) and args.gamma < 1:
         raise MoespacError(f"--gamma {args.gamma} must be >= 1")
-    if args.cache_ratio is not None and not 0.0 <= args.cache_ratio <= 1.0:
-        raise MoespacError(f"--cache-ratio {args.cache_ratio} outside [0, 1]")
+    check_unit_interval("--cache-ratio", args.cache_ratio)
 
 
 def add_warmup_steps_arg(g) -> None:

@@ -22,10 +22,9 @@ def register(sub) -> None:
 
 
 def encode_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
-    if not raw and getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
-    return tokenizer.encode(text)
+    from moespac.datasets import encode_messages
+
+    return list(tokenizer.encode(text)) if raw else encode_messages(tokenizer, [{"role": "user", "content": text}])
 
 
 def run(args) -> int:

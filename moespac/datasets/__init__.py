@@ -278,11 +278,24 @@ def format_prompt(prompt: Prompt, tokenizer, answers: Sequence[str] = ()) -> lis
         messages.append({"role": "user", "content": text})
         if i < len(answers):
             messages.append({"role": "assistant", "content": answers[i]})
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return encode_messages(tokenizer, messages)
+
+
+def chat_text(tokenizer, messages: list[dict]) -> str | None:
+    """`messages` through the tokenizer's chat template, the generation prompt appended; None without a template.
+    The one place a chat template is applied (the engine's runs, `generate` and the wrapped systems)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of `messages` as a model reads them: the chat template's text, else the turns separated by blank
+    lines."""
+    text = chat_text(tokenizer, messages)
+    if text is not None:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # the template wrote any BOS
-    text = "\n\n".join(m["content"] for m in messages)
-    return list(tokenizer(text)["input_ids"])
+    return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
 
 
 def check_fits(ids: Sequence[int], max_context: int, max_new_tokens: int) -> str | None:

@@ -29,7 +29,7 @@ from moespac.cache import ExpertCache, PrefetchQueue
 from moespac.engine.device import COMPUTE, Device
 from moespac.engine.kernels import grouped_experts, grouped_mm_supported
 from moespac.engine.store import ExpertStore
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 from moespac.models.experts import experts_per_token, find_experts
 from moespac.policy import Policy, PolicyContext, StepInfo, Topology, UnitCosts
 from moespac.trace import TraceRecorder
@@ -69,8 +69,7 @@ class RuntimeConfig:
     """Device slots, exactly (the memory plan's count); overrides cache_ratio and cache_gib."""
 
     def __post_init__(self):
-        if not 0.0 <= self.cache_ratio <= 1.0:
-            raise MoespacError(f"cache_ratio {self.cache_ratio} outside [0, 1]")
+        check_unit_interval("cache_ratio", self.cache_ratio)
         if self.cache_gib is not None and self.cache_gib < 0:
             raise MoespacError(f"cache_gib {self.cache_gib} must be >= 0")
         if self.copy_mode not in ("async", "sync"):

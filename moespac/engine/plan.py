@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 
 GiB = 2**30
 CUDA_RESERVE = GiB // 2  # CUDA context and allocator slack on a GPU
@@ -194,8 +194,7 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_g
     """The plan of one run; raises MoespacError (one line) when it cannot fit."""
     if not target.moe_layers:
         raise MoespacError(f"target {target.name}: no routed experts (not an MoE model)")
-    if cache_ratio is not None and not 0 <= cache_ratio <= 1:
-        raise MoespacError(f"--cache-ratio {cache_ratio} outside [0, 1]")
+    check_unit_interval("--cache-ratio", cache_ratio)
     total = target.moe_layers * target.experts
     rows = batch * (gamma + 1) * max(target.top_k, 1)
     prefill = min(context, 2048) * batch  # prompt tokens of one prefill forward, at most

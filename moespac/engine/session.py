@@ -14,7 +14,7 @@ import re
 import os
 from dataclasses import dataclass, replace
 
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,7 @@ class EngineConfig:
     """Draft length the plan sizes verify batches for."""
 
     def __post_init__(self):
-        if self.cache_ratio is not None and not 0.0 <= self.cache_ratio <= 1.0:
-            raise MoespacError(f"cache_ratio {self.cache_ratio} outside [0, 1]")
+        check_unit_interval("cache_ratio", self.cache_ratio)
         for key in ("cache_gib", "gpu_gib", "host_gib"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise MoespacError(f"{key} {getattr(self, key)} must be >= 0")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 from moespac.models.registry import ModelSpec, get_spec
 from moespac.policy import UnitCosts
 from moespac.record import make_record
@@ -60,8 +60,7 @@ class SimConfig:
     collection (one matrix per request) read, as the real systems profile on a dataset before serving."""
 
     def __post_init__(self):
-        if self.cache_ratio is not None and not 0.0 <= self.cache_ratio <= 1.0:
-            raise MoespacError(f"cache_ratio {self.cache_ratio} outside [0, 1]")
+        check_unit_interval("cache_ratio", self.cache_ratio)
         if self.cache_gib is not None and self.cache_gib < 0:
             raise MoespacError(f"cache_gib {self.cache_gib} must be >= 0")
         if self.warmup_steps < 0:
