@@ -63,6 +63,17 @@ COUNTERS = tuple(f.name for f in fields(CacheCounters))
 """The counters every record and summary carries, in one order (the engine's, the simulator's, the bench's)."""
 
 
+def requested_slots(total: int, expert_bytes: int, cache_ratio: float | None = None,
+                    cache_gib: float | None = None) -> int | None:
+    """Device expert slots a run asks for: cache_gib of `expert_bytes` experts (it wins), else cache_ratio of all
+    `total`, at most `total`; None when it asks for neither (the memory plan or the profile's device decides).
+    The one sizing rule of the engine, its memory plan and the simulator."""
+    if cache_gib is not None:
+        return min(int(cache_gib * 2**30 // max(expert_bytes, 1)), total)
+    if cache_ratio is not None:
+        return min(round(cache_ratio * total), total)
+    return None
+
 class ExpertCache:
     """Residency map over a pool of `capacity` slots, global across layers or partitioned per layer."""
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from moespac.cache import ExpertCache, PrefetchQueue
+from moespac.cache import ExpertCache, PrefetchQueue, requested_slots
 from moespac.engine.device import COMPUTE, Device
 from moespac.engine.kernels import grouped_experts, grouped_mm_supported
 from moespac.engine.store import ExpertStore
@@ -79,8 +79,7 @@ class RuntimeConfig:
         """Slots for `total` routed experts of `expert_bytes` each."""
         if self.slots is not None:
             return min(self.slots, total)
-        n = int(self.cache_gib * 2**30 // expert_bytes) if self.cache_gib is not None else round(self.cache_ratio * total)
-        return min(n, total)
+        return requested_slots(total, expert_bytes, self.cache_ratio, self.cache_gib)
 
 
 class HybridRuntime:

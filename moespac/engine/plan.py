@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moespac.cache import requested_slots
 from moespac.errors import MoespacError, check_unit_interval
 
 GiB = 2**30
@@ -224,12 +225,10 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_g
         raise MoespacError(f"memory plan: the device needs {_gib(need)} before any expert slot ({parts}), "
                            f"{_gib(need - device_budget)} more than its {_gib(device_budget)}")
     fit = total if device_budget is None else min(total, (device_budget - need) // max(target.expert_each, 1))
-    if cache_gib is not None:
-        slots, requested = min(int(cache_gib * GiB // target.expert_each), total), f"--cache-gib {cache_gib:g}"
-    elif cache_ratio is not None:
-        slots, requested = round(cache_ratio * total), f"--cache-ratio {cache_ratio:g}"
-    else:
-        slots, requested = fit, "chosen by the plan"
+    slots = requested_slots(total, target.expert_each, cache_ratio, cache_gib)
+    requested = (f"--cache-gib {cache_gib:g}" if cache_gib is not None else
+                 f"--cache-ratio {cache_ratio:g}" if cache_ratio is not None else "chosen by the plan")
+    slots = fit if slots is None else slots
     if slots > fit:
         raise MoespacError(f"memory plan: {requested} asks for {slots} expert slots "
                            f"({_gib(slots * target.expert_each)}), but {fit} fit the device next to the rest "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moespac.cache import requested_slots
 from moespac.errors import MoespacError, check_unit_interval
 from moespac.models.registry import ModelSpec, get_spec
 from moespac.policy import UnitCosts
@@ -147,12 +148,8 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
     timing = cost.timing(workload)
     total = workload.topology.num_layers * workload.topology.num_experts
     fit = cost.fit_slots()
-    if cfg.cache_gib is not None:  # as the engine sizes it
-        capacity = min(int(cfg.cache_gib * 2**30 // cost.expert_bytes), total)
-    elif cfg.cache_ratio is not None:
-        capacity = round(cfg.cache_ratio * total)
-    else:
-        capacity = min(fit, total)
+    capacity = requested_slots(total, cost.expert_bytes, cfg.cache_ratio, cfg.cache_gib)  # as the engine sizes it
+    capacity = min(fit, total) if capacity is None else capacity
     name, options = parse_policy(cfg.policy)
     unit = policy_costs(workload, cost)
     warm, window, history, profiled = None, None, None, []
