@@ -9,11 +9,10 @@ lshAlgorithm/MoE-SpAc @77bb9cf, [inferred] our reconstruction (spec/moespac-algo
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass
 
 from moespac.errors import MoespacError
+from moespac.hashing import stable_hash
 
 # What each variant fixes; everything else keeps the field defaults below.
 VARIANTS = {
@@ -170,9 +169,8 @@ class MoESpAcConfig:
         return dataclasses.asdict(self)
 
     def compute_hash(self) -> str:
-        """sha256 of the resolved config as sorted JSON, first 12 hex digits (stable across runs)."""
-        blob = json.dumps(self.resolved().to_dict(), sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        """The resolved config's stable hash (moespac.hashing, as every config's)."""
+        return stable_hash(self.resolved().to_dict())
 
 
 def _is_int(v) -> bool:
