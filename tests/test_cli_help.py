@@ -135,3 +135,23 @@ def test_policy_list_marks_the_stand_ins_their_baselines_document(capsys):
     for name, cls in policies().items():
         assert (f"stand-in: {cls.stand_in}" in blocks[name]) == bool(cls.stand_in), name
         assert ("stand-in:" in blocks[name]) == bool(cls.stand_in), name
+
+
+def test_bench_flags_of_config_fields_carry_the_fields_docstring_and_default():
+    from moespac.bench.harness import BenchConfig
+    from moespac.configargs import field_docs
+
+    docs = field_docs(BenchConfig)
+    assert docs["max_new_tokens"] == "Generation length cap per request (the paper: 512)."
+    assert docs["cache_ratio"].startswith("Device expert slots / all routed experts, in [0, 1]; None = as many")
+    bench = dict(all_parsers(build_parser()))[("moespac", "bench")]
+    by_dest = {a.dest: a for a in bench._actions}
+    defaults = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
+    generated = ["source", "limit", "turns", "batch_size", "max_new_tokens", "ignore_eos", "temperature", "warmup",
+                 "seed", "timing", "hardware", "model_spec", "draft_spec", "allow_topology_mismatch", "from_trace"]
+    for name in generated:
+        action = by_dest[name]
+        assert action.help == docs[name] and action.default == defaults[name], name
+    assert by_dest["batch_size"].type is int and by_dest["limit"].type is int and by_dest["ignore_eos"].nargs == 0
+    args = bench.parse_args(["--benchmark", "gsm8k", "--out", "x.json", "--limit", "3", "--ignore-eos"])
+    assert (args.limit, args.ignore_eos, args.max_new_tokens) == (3, True, 512)

@@ -32,6 +32,7 @@ from moespac.registry import parse_policy
 log = logging.getLogger(__name__)
 
 TURNS = ("all", "first")
+TIMINGS = ("measured", "simulated")
 TRACE_POLICY = "all-host"  # of a trace-only engine run: the hybrid split keeps the numerics, so any policy routes alike
 
 
@@ -110,7 +111,7 @@ class BenchConfig:
     def __post_init__(self):
         datasets.get_benchmark(self.benchmark)  # unknown name -> MoespacError naming it and the known ones
         checks = [
-            (self.timing in ("measured", "simulated"), f"timing {self.timing!r}: 'measured' or 'simulated'"),
+            (self.timing in TIMINGS, f"timing {self.timing!r}: 'measured' or 'simulated'"),
             (self.timing == "simulated" or not (self.hardware or self.from_trace or self.model_spec != "trace"
                                                  or self.draft_spec or self.warmup_steps is not None
                                                  or self.profile_traces),

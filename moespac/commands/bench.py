@@ -6,10 +6,14 @@ from pathlib import Path
 
 from moespac.commands._common import (add_engine_args, add_model_args, add_profile_trace_arg, add_warmup_steps_arg,
                                      check_output_paths, finite, warmup_steps_option)
+from moespac.configargs import add_field_args
 from moespac.errors import MoespacError
 
 
 def register(sub) -> None:
+    from moespac.bench.harness import TIMINGS, TURNS, BenchConfig
+    from moespac.datasets import SOURCES
+
     p = sub.add_parser("bench", help="run a benchmark with the paper's protocol and write a result record",
                        description=__doc__.splitlines()[0])
     add_model_args(p, target_required=False)  # --model-pair may name it instead
@@ -21,34 +25,20 @@ def register(sub) -> None:
     p.add_argument("--method", default=None, metavar="NAME",
                    help="the table row this run is (`moespac policy list`, e.g. hybrimoe, moespac-no-sd): sets "
                         "--policy and, for a method without a draft, --no-draft; recorded, so tables read it")
+    # flags of BenchConfig's fields: its docstrings are their help, its defaults theirs (moespac/configargs.py)
     g = p.add_argument_group("protocol")
-    g.add_argument("--benchmark", required=True, help="mmlu-pro, mt-bench, gsm8k, humaneval, alpaca, cnn-dm or qa")
-    g.add_argument("--source", default="offline", choices=["offline", "hub"], help="prompt source")
-    g.add_argument("--limit", type=int, default=None, metavar="N", help="a seeded sample of N prompts (quick looks)")
-    g.add_argument("--turns", default="all", choices=["all", "first"], help="turns of multi-turn prompts (MT-bench)")
-    g.add_argument("--batch-size", type=int, default=1, help="prompts per engine call (the paper: 1)")
-    g.add_argument("--max-new-tokens", type=int, default=512, help="generation length cap (the paper: 512)")
-    g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens (fixed output length)")
-    g.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy")
-    g.add_argument("--warmup", type=int, default=1, help="warm-up engine calls, left out of the record")
-    g.add_argument("--seed", type=int, default=0)
+    add_field_args(g, BenchConfig, "benchmark", "source", "limit", "turns", "batch_size", "max_new_tokens",
+                   "ignore_eos", "temperature", "warmup", "seed",
+                   source=dict(choices=SOURCES), turns=dict(choices=TURNS), limit=dict(metavar="N"),
+                   temperature=dict(type=finite))
     t = p.add_argument_group("timing")
-    t.add_argument("--timing", default="measured", choices=["measured", "simulated"])
-    t.add_argument("--hardware", default=None, help="simulated: built-in profile name or profile YAML")
-    t.add_argument("--model-spec", default="trace",
-                   help="simulated: registry name whose expert sizes are simulated (e.g. qwen3-30b-a3b), or 'trace'")
-    t.add_argument("--draft-spec", default=None,
-                   help="simulated: registry name (or model folder) of the draft whose cost is charged, e.g. "
-                        "qwen3-4b-fp8 (default: the trace's draft folder, else qwen3-4b-fp8)")
-    t.add_argument("--allow-topology-mismatch", action="store_true",
-                   help="simulated: map the trace onto --model-spec by modulo when layers/experts differ")
+    add_field_args(t, BenchConfig, "timing", "hardware", "model_spec", "draft_spec", "allow_topology_mismatch",
+                   "from_trace", timing=dict(choices=TIMINGS), from_trace=dict(metavar="TRACE"))
     add_warmup_steps_arg(t)
     add_profile_trace_arg(t)
     t.add_argument("--no-bounds", action="store_true",
                    help="simulated: skip the oracle and the infinite-cache bound (they cost more than the policy's "
                         "own replay; a study computes them once per trace, in its oracle cell)")
-    t.add_argument("--from-trace", default=None, metavar="TRACE",
-                   help="simulated: replay this bench trace (its models and protocol) instead of running the engine")
     p.add_argument("--trace", default=None, metavar="OUT", help="keep the activation trace (.npz) here")
     p.add_argument("--out", required=True, metavar="RESULT.json", help="result record (on error: RESULT.failure.json)")
     p.add_argument("--skip-valid", action="store_true",

@@ -1,0 +1,51 @@
+"""CLI flags generated from config dataclasses: a field's docstring is its flag's help, its default the flag's.
+
+A config dataclass documents each field with a string right under it (as vLLM's configs do); `add_field_args`
+turns the named fields into `--field-name` flags, so the help a user reads is the field's own documentation and
+the defaults cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+
+_NUMBERS = {"int": int, "float": float}
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: the docstring under it, on one line} of a dataclass (fields without one are left out)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def add_field_args(group, cls: type, *names: str, **overrides: dict) -> None:
+    """Add `--name` for each dataclass field in `names`: the field's default, its docstring as help, a bool
+    default False as a switch; `overrides[name]` adds or replaces argparse keywords (type, choices, help...)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    docs = field_docs(cls)
+    for name in names:
+        f = fields[name]  # KeyError: a flag for a field the config does not have
+        kw = dict(help=docs.get(name, ""))
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if default is False:
+            kw["action"] = "store_true"
+        else:
+            kw["default"] = default
+            kind = _NUMBERS.get(str(f.type).split("|")[0].strip())  # 'int | None' -> int
+            if kind:
+                kw["type"] = kind
+            if f.default is dataclasses.MISSING:
+                kw["required"] = True
+        kw.update(overrides.get(name, {}))
+        group.add_argument(f"--{name.replace('_', '-')}", **kw)
