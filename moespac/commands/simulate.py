@@ -5,28 +5,20 @@ from __future__ import annotations
 import argparse
 
 from moespac.bench.records import write_result
-from moespac.commands._common import add_profile_trace_arg, add_warmup_steps_arg, warmup_steps_option
+from moespac.commands._common import add_profile_trace_arg, add_warmup_steps_arg, finite, warmup_steps_option
+from moespac.configargs import add_field_args
 
 
 def register(sub) -> None:
+    from moespac.sim.simulate import SimConfig
+
     p = sub.add_parser("simulate", help="replay an activation trace through a policy on a hardware profile",
                        description=__doc__.splitlines()[0])
-    p.add_argument("--trace", required=True, help="trace file (.npz)")
-    p.add_argument("--policy", required=True, help="policy, name[:key=value,...]")
-    p.add_argument("--hardware", required=True, help="built-in profile name (rtx4090-pcie4, a100-80gb-pcie4, "
-                   "rtx4060-8gb, h200) or a profile YAML path")
-    p.add_argument("--model-spec", default="trace",
-                   help="registry name or model folder whose expert sizes are simulated, or 'trace' (its own spec)")
-    p.add_argument("--draft-spec", default=None,
-                   help="draft registry name or model folder (default: the trace's draft, else qwen3-4b-fp8)")
-    p.add_argument("--cache-ratio", type=float, default=None,
-                   help="device expert slots / (MoE layers x experts); default: what fits in device memory")
-    p.add_argument("--cache-gib", type=float, default=None, help="device expert cache in GiB (overrides --cache-ratio)")
+    # flags of SimConfig's fields: its docstrings are their help, its defaults theirs (moespac/configargs.py)
+    add_field_args(p, SimConfig, "trace", "policy", "hardware", "model_spec", "draft_spec", "cache_ratio", "cache_gib",
+                   trace=dict(metavar="TRACE"), cache_ratio=dict(type=finite), cache_gib=dict(type=finite))
     p.add_argument("--per-layer-cache", action="store_true", help="partition the slots evenly per layer")
-    p.add_argument("--expert-dtype", default=None, help="expert weight dtype for copy sizes (default: the spec's)")
-    p.add_argument("--allow-topology-mismatch", action="store_true",
-                   help="map trace layers/experts onto the spec by modulo when they differ (recorded)")
-    p.add_argument("--warm-cache", action="store_true", help="keep cache and policy state across requests")
+    add_field_args(p, SimConfig, "expert_dtype", "allow_topology_mismatch", "warm_cache")
     p.add_argument("--no-bounds", action="store_true", help="skip the infinite-cache bound and the oracle")
     add_warmup_steps_arg(p)
     add_profile_trace_arg(p)
