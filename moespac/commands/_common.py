@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from moespac.configargs import add_field_args
 from moespac.errors import MoespacError, check_unit_interval
 
 
@@ -44,21 +45,23 @@ def add_model_args(p: argparse.ArgumentParser, draft_required: bool = False, tar
 
 
 def add_engine_args(p: argparse.ArgumentParser, gamma_default: int = 8) -> None:
+    from moespac.engine.session import EngineConfig
+
     g = p.add_argument_group("engine")
-    g.add_argument("--policy", default="lru", help="scheduling policy, name[:key=value,...] (see `moespac policy list`)")
+    add_field_args(g, EngineConfig, "policy")
     g.add_argument("--gamma", type=int, default=gamma_default, help="draft length")
     add_memory_args(g)
     g.add_argument("--per-layer-cache", action="store_true", help="partition slots per layer instead of one global pool")
-    g.add_argument("--copy-mode", default="async", choices=["async", "sync"], help="prefetch worker thread or synchronous copies")
+    add_field_args(g, EngineConfig, "copy_mode", copy_mode=dict(choices=["async", "sync"]))
 
 
 def add_memory_args(g) -> None:
-    """The memory plan's budgets and the explicit slot-pool overrides it checks (`moespac plan`)."""
-    g.add_argument("--cache-ratio", type=finite, default=None,
-                   help="device expert slots / all routed experts, in [0, 1] (default: as many as the memory plan fits)")
-    g.add_argument("--cache-gib", type=finite, default=None, help="device expert slot pool in GiB (overrides --cache-ratio)")
-    g.add_argument("--gpu-gib", type=finite, default=None, help="device memory budget (default: the GPU's free memory)")
-    g.add_argument("--host-gib", type=finite, default=None, help="host memory budget (default: this machine's memory)")
+    """The memory plan's budgets and the explicit slot-pool overrides it checks (`moespac plan`), as EngineConfig
+    documents them."""
+    from moespac.engine.session import EngineConfig
+
+    names = ("cache_ratio", "cache_gib", "gpu_gib", "host_gib")
+    add_field_args(g, EngineConfig, *names, **{n: dict(type=finite) for n in names})
 
 
 def check_output_paths(args, *names: str) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from moespac.commands._common import add_memory_args
+from moespac.configargs import add_field_args
 from moespac.errors import MoespacError
 
 
 def register(sub) -> None:
+    from moespac.engine.session import EngineConfig
+
     p = sub.add_parser("plan", help="device and host memory of a run and the slot count that fits, before loading",
                        description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help="target MoE model: local folder or hub id (the paper's are known offline)")
@@ -14,10 +17,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", help="auto (the checkpoint's), fp32, bf16, fp16 or fp64")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"],
                    help="plan for a GPU run (default when --gpu-gib is given or CUDA is here) or a CPU run")
-    p.add_argument("--context", type=int, default=4096, help="longest sequence (prompt + new tokens)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--gamma", type=int, default=8, help="draft length")
-    p.add_argument("--trust-remote-code", action="store_true")
+    add_field_args(p, EngineConfig, "context", "batch_size", "gamma", "trust_remote_code")
     add_memory_args(p)
     p.set_defaults(func=run)
 
