@@ -108,3 +108,29 @@ def test_oracle_refuses_the_real_engine(micro):
             rt.start_request(gamma=4, signals={"draft"})
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("name", ["lru", "lfu", "mixtral-offloading", "accelerate", "all-host"])
+def test_the_simulator_replays_the_engines_cache_decisions_exactly(micro_dir, tmp_path, name):
+    """With no prefetch timing in play (on-demand policies, synchronous copies), the simulator replaying the
+    engine's own trace makes the very same hits, loads, carried copies, host runs and evictions per request:
+    both reserve a layer's slots the same way (the runs, then what comes along; ExpertCache.reserve_many)."""
+    import json
+
+    from moespac.cli import main
+
+    common = ["--benchmark", "gsm8k", "--policy", name, "--cache-ratio", "0.25", "--no-progress"]
+    trace, measured, simulated = tmp_path / "t.npz", tmp_path / "m.json", tmp_path / "s.json"
+    assert main(["bench", "--model-pair", str(micro_dir), *common, "--limit", "2", "--max-new-tokens", "16",
+                 "--gamma", "2", "--copy-mode", "sync", "--warmup", "0", "--trace", str(trace),
+                 "--out", str(measured)]) == 0
+    assert main(["bench", *common, "--timing", "simulated", "--hardware", "h200", "--from-trace", str(trace),
+                 "--no-bounds", "--out", str(simulated)]) == 0
+    keys = ("hits", "loads", "carried", "host", "evictions")
+    engine, sim = ([{k: c["counters"][k] for k in keys} for c in json.loads(p.read_text())["calls"]]
+                   for p in (measured, simulated))
+    assert engine == sim and sum(c["hits"] + c["host"] for c in engine) > 0
+    if name != "all-host":
+        assert sum(c["loads"] for c in engine) > 0 and sum(c["evictions"] for c in engine) > 0
+    if name == "accelerate":
+        assert sum(c["carried"] for c in engine) > 0  # the whole fused layer moves

@@ -82,6 +82,11 @@ class RuntimeConfig:
         return requested_slots(total, expert_bytes, self.cache_ratio, self.cache_gib)
 
 
+def _unique(ids: np.ndarray) -> np.ndarray:
+    """ids without repeats, in first-seen order (the order slots are reserved in)."""
+    return ids[np.sort(np.unique(ids, return_index=True)[1])] if ids.size else ids
+
+
 class HybridRuntime:
     def __init__(self, model, policy: Policy, config: RuntimeConfig = RuntimeConfig(), device: str | Device | None = None,
                  costs: UnitCosts | None = None):
@@ -269,16 +274,14 @@ class HybridRuntime:
             plan = self.policy.plan_layer(layer, counts, cache)
             cache.frozen[layer] = hit
             loaded = []
-            load = np.asarray(plan.load, dtype=np.int64)
-            carry = np.asarray(plan.carry, dtype=np.int64)  # copied with the layer although they do not run
-            for e in np.concatenate([load[active[load]], carry[~active[carry]]]):
-                if cache.resident[layer, e] or cache.loading[layer, e]:
-                    continue
-                slot = cache.reserve(layer, int(e), self.policy)
-                if slot is None:
-                    continue  # no victim: the expert runs on the host
-                loaded.append((int(e), slot))
-                cache.frozen[layer, e] = True
+            absent = ~cache.resident[layer] & ~cache.loading[layer]
+            load = _unique(np.asarray(plan.load, dtype=np.int64))
+            carry = _unique(np.asarray(plan.carry, dtype=np.int64))  # copied with the layer although they do not run
+            # the runs first, then what comes along; a refused reservation runs on the host (as the simulator)
+            for wanted in (load[active[load] & absent[load]], carry[~active[carry] & absent[carry]]):
+                got, slots = cache.reserve_many(layer, wanted, self.policy)
+                cache.frozen[layer, got] = True  # before the next batch looks for victims: these run now
+                loaded += zip(got.tolist(), slots.tolist())
             for e, slot in loaded:  # on-demand loads: issued now, waited for by this layer's compute only
                 store.copy_in(layer, e, slot)
                 cache.commit(layer, e)
