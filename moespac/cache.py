@@ -74,6 +74,7 @@ def requested_slots(total: int, expert_bytes: int, cache_ratio: float | None = N
         return min(round(cache_ratio * total), total)
     return None
 
+
 class ExpertCache:
     """Residency map over a pool of `capacity` slots, global across layers or partitioned per layer."""
 
@@ -154,6 +155,18 @@ class ExpertCache:
         self.slot_of[layer, expert] = slot
         self.occupied[layer] += 1
         return slot
+
+    def on_demand(self, layer: int, plan, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A layer plan's two on-demand batches, in the order both drivers reserve them: the experts it loads that
+        run, then those it carries that do not (LayerPlan.carry), each absent when the layer starts, in the plan's
+        order (a repeated id is refused by reserve_many). On every layer of every step: index, do not scan."""
+        load = np.asarray(plan.load, dtype=np.int64)
+        if load.size:
+            load = load[active[load] & ~self.resident[layer, load] & ~self.loading[layer, load]]
+        carry = np.asarray(plan.carry, dtype=np.int64)
+        if carry.size:
+            carry = carry[~active[carry] & ~self.resident[layer, carry] & ~self.loading[layer, carry]]
+        return load, carry
 
     def reserve_many(self, layer: int, experts, policy: Policy | None) -> tuple[np.ndarray, np.ndarray]:
         """reserve() each of `experts` in turn; returns (experts that got a slot, their slots), int64. The same

@@ -24,8 +24,8 @@ class Output:
     kind: str
     """'table' or 'figure'."""
     builder: str
-    """'module:function' in moespac.analysis. A table's takes the rows of its records (or, with reads='file', the
-    path of its one input) and returns (long-form frame, blocks); a figure's takes its input groups and a prefix."""
+    """'module:function' in moespac.analysis. A table's takes the rows of its records (or, when its input is a
+    file:, that path) and returns (long-form frame, blocks); a figure's takes its input groups and a prefix."""
     inputs: dict[str, str]
     """Input group -> source: 'study:NAME' (the records of a study; none when it is off), 'traces:KEY:sd|ar' (the
     simulation pair's traces, with the draft or without, of the benchmark(s) config key KEY names) or 'file:PATH'.
@@ -34,8 +34,6 @@ class Output:
     """A table's heading (its pages and the report)."""
     activate: tuple[str, ...] = ()
     """Config sections any of whose `activate` turns the output on; empty: always built."""
-    reads: str = "records"
-    """'records': the inputs are result records; 'file': the builder reads its one input file itself."""
     settings: dict[str, str] = field(default_factory=dict)
     """Figure group -> config key whose value the builder gets as that group (e.g. the heatmap's layer)."""
 
@@ -47,6 +45,11 @@ class Output:
         for source in self.inputs.values():
             if source.partition(":")[0] not in ("study", "traces", "file"):
                 raise MoespacError(f"output {self.name!r}: input {source!r} is not study:, traces: or file:")
+
+    @property
+    def reads_file(self) -> bool:
+        """A table built from one named file (Table 6's numerics check), not from result records."""
+        return self.inputs.get("records", "").startswith("file:")
 
     def load(self):
         """The builder function."""
@@ -66,8 +69,8 @@ def lookup(config: dict, key: str):
     return node
 
 
-def _table(name, builder, title, records, activate=(), reads="records"):
-    return Output(name, "table", builder, {"records": records}, title, activate, reads)
+def _table(name, builder, title, records, activate=()):
+    return Output(name, "table", builder, {"records": records}, title, activate)
 
 
 OUTPUTS: dict[str, Output] = {o.name: o for o in [
@@ -78,7 +81,7 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in [
     _table("table4", "tables:table4", "Table 4: MoE-SpAc TPS over batch size and draft length", "study:table4",
            ("table4",)),
     _table("table6", "tables:table6", "Table 6: numerical validation of the hybrid MoE layer",
-           "file:results/smoke/numerics.json", reads="file"),
+           "file:results/smoke/numerics.json"),
     _table("appendix_a1", "tables:appendix_a1", "Appendix A.1: acceptance, token yield, expert cost ratio and TPS",
            "study:table1"),
     Output("fig4_hot_cold", "figure", "figures:fig4_hot_cold",

@@ -76,7 +76,7 @@ def run(args) -> int:
         policy = method.policy if policy is None else policy  # a different --policy is refused by the harness
         no_draft = no_draft or (not method.draft and args.timing == "measured")
     cfg = BenchConfig(
-        benchmark=args.benchmark, target=target, draft=None if no_draft else draft, policy=policy or "moespac",
+        benchmark=args.benchmark, target=target, draft=None if no_draft else draft, policy=policy or BenchConfig.policy,
         method=args.method, gamma=0 if no_draft else args.gamma, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
         ignore_eos=args.ignore_eos, temperature=args.temperature, warmup=args.warmup, limit=args.limit, seed=args.seed,

@@ -69,7 +69,7 @@ def run_table(args) -> int:
     from moespac.analysis.render import write_table
 
     table = get_output(args.name, "table")
-    if table.reads == "file":
+    if table.reads_file:
         long, blocks = table.load()(args.inputs[0])
     else:
         rows = load_rows(args.inputs)

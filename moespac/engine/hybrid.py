@@ -82,11 +82,6 @@ class RuntimeConfig:
         return requested_slots(total, expert_bytes, self.cache_ratio, self.cache_gib)
 
 
-def _unique(ids: np.ndarray) -> np.ndarray:
-    """ids without repeats, in first-seen order (the order slots are reserved in)."""
-    return ids[np.sort(np.unique(ids, return_index=True)[1])] if ids.size else ids
-
-
 class HybridRuntime:
     def __init__(self, model, policy: Policy, config: RuntimeConfig = RuntimeConfig(), device: str | Device | None = None,
                  costs: UnitCosts | None = None):
@@ -274,11 +269,8 @@ class HybridRuntime:
             plan = self.policy.plan_layer(layer, counts, cache)
             cache.frozen[layer] = hit
             loaded = []
-            absent = ~cache.resident[layer] & ~cache.loading[layer]
-            load = _unique(np.asarray(plan.load, dtype=np.int64))
-            carry = _unique(np.asarray(plan.carry, dtype=np.int64))  # copied with the layer although they do not run
             # the runs first, then what comes along; a refused reservation runs on the host (as the simulator)
-            for wanted in (load[active[load] & absent[load]], carry[~active[carry] & absent[carry]]):
+            for wanted in cache.on_demand(layer, plan, active):
                 got, slots = cache.reserve_many(layer, wanted, self.policy)
                 cache.frozen[layer, got] = True  # before the next batch looks for victims: these run now
                 loaded += zip(got.tolist(), slots.tolist())

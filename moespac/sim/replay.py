@@ -189,12 +189,7 @@ class Replay:
             hit = active & resident[layer]
             plan = policy.plan_layer(layer, row, cache)
             frozen[layer] = hit
-            load = np.asarray(plan.load, dtype=np.int64)
-            if load.size:
-                load = load[active[load] & ~resident[layer, load] & ~cache.loading[layer, load]]
-            carry = np.asarray(plan.carry, dtype=np.int64)  # copied with the layer, not run (a fused layer moved)
-            if carry.size:
-                carry = carry[~active[carry] & ~resident[layer, carry] & ~cache.loading[layer, carry]]
+            load, carry = cache.on_demand(layer, plan, active)  # carry: copied with the layer, not run
             if load.size or carry.size:
                 loaded_at, loaded = link.load(layer, load, now)
                 frozen[layer, loaded] = True  # before the carried copies look for victims: these run now
