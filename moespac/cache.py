@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 from moespac.policy import Policy, Prefetch, Topology, batches_victims
 
 
@@ -63,16 +63,38 @@ COUNTERS = tuple(f.name for f in fields(CacheCounters))
 """The counters every record and summary carries, in one order (the engine's, the simulator's, the bench's)."""
 
 
-def requested_slots(total: int, expert_bytes: int, cache_ratio: float | None = None,
-                    cache_gib: float | None = None) -> int | None:
-    """Device expert slots a run asks for: cache_gib of `expert_bytes` experts (it wins), else cache_ratio of all
-    `total`, at most `total`; None when it asks for neither (the memory plan or the profile's device decides).
-    The one sizing rule of the engine, its memory plan and the simulator."""
-    if cache_gib is not None:
-        return min(int(cache_gib * 2**30 // max(expert_bytes, 1)), total)
-    if cache_ratio is not None:
-        return min(round(cache_ratio * total), total)
-    return None
+@dataclass(frozen=True, kw_only=True)
+class CacheSize:
+    """The device expert cache a run asks for. The engine's, the bench's and the simulator's configs are each one
+    of these (they inherit its fields), so the three size, check and document a cache alike."""
+
+    cache_ratio: float | None = None
+    """Device expert slots / all routed experts (MoE layers x experts), in [0, 1]; None = as many as fit (the
+    memory plan's count in the engine, the profile's device memory in the simulator)."""
+    cache_gib: float | None = None
+    """Device expert cache in GiB (overrides cache_ratio)."""
+    per_layer: bool = False
+    """Partition the slots evenly per layer (capacity // layers each) instead of one global pool (the authors'
+    code is global)."""
+
+    def __post_init__(self):
+        check_unit_interval("cache_ratio", self.cache_ratio)
+        if self.cache_gib is not None and not self.cache_gib >= 0:
+            raise MoespacError(f"cache_gib {self.cache_gib} must be >= 0")
+
+    def requested_slots(self, total: int, expert_bytes: int) -> int | None:
+        """Slots this asks for of `total` routed experts of `expert_bytes` each: cache_gib of them (it wins), else
+        cache_ratio of all, at most `total`; None when it asks for neither (the memory plan or the profile's device
+        decides). The one sizing rule of the engine, its memory plan and the simulator."""
+        if self.cache_gib is not None:
+            return min(int(self.cache_gib * 2**30 // max(expert_bytes, 1)), total)
+        if self.cache_ratio is not None:
+            return min(round(self.cache_ratio * total), total)
+        return None
+
+    def per_layer_capacity(self, capacity: int, num_layers: int) -> int | None:
+        """Each layer's share of `capacity` slots when partitioned per layer, else None (one global pool)."""
+        return capacity // num_layers if self.per_layer else None
 
 
 class ExpertCache:

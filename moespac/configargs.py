@@ -18,7 +18,16 @@ _NUMBERS = {"int": int, "float": float}
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: the docstring under it, on one line} of a dataclass (fields without one are left out)."""
+    """{field: the docstring under it, on one line} of a dataclass and the dataclasses it inherits from (a
+    subclass's own docstring wins); fields without one are left out."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_docs(klass))
+    return docs
+
+
+def _own_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
     docs = {}
@@ -30,16 +39,19 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def add_field_args(group, cls: type, *names: str, **overrides: dict) -> None:
-    """Add `--name` for each dataclass field in `names`: the field's default, its docstring as help, a bool
-    default False as a switch; `overrides[name]` adds or replaces argparse keywords (type, choices, help...)."""
+    """Add `--name` for each dataclass field in `names`, stored under the field's name: the field's default, its
+    docstring as help; a bool field is a switch (`--name` when it defaults to False, `--no-name` when True).
+    `overrides[name]` adds or replaces argparse keywords (type, choices, help...); its 'flag' renames the flag."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     docs = field_docs(cls)
     for name in names:
         f = fields[name]  # KeyError: a flag for a field the config does not have
-        kw = dict(help=docs.get(name, ""))
+        kw = dict(help=docs.get(name, ""), dest=name)
         default = f.default if f.default is not dataclasses.MISSING else None
-        if default is False:
-            kw["action"] = "store_true"
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(default, bool):
+            kw["action"] = "store_false" if default else "store_true"
+            flag = f"--no-{name.replace('_', '-')}" if default else flag
         else:
             kw["default"] = default
             kind = _NUMBERS.get(str(f.type).split("|")[0].strip())  # 'int | None' -> int
@@ -48,4 +60,11 @@ def add_field_args(group, cls: type, *names: str, **overrides: dict) -> None:
             if f.default is dataclasses.MISSING:
                 kw["required"] = True
         kw.update(overrides.get(name, {}))
-        group.add_argument(f"--{name.replace('_', '-')}", **kw)
+        group.add_argument(kw.pop("flag", flag), **kw)
+
+
+def config_from_args(cls: type, args, **given):
+    """`cls` from the flags of its fields that `args` holds (add_field_args stores each under its field's name);
+    `given` adds or overrides values (what a command derives, e.g. a tuple from a repeated flag)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**{**values, **given})

@@ -143,15 +143,28 @@ def test_bench_flags_of_config_fields_carry_the_fields_docstring_and_default():
 
     docs = field_docs(BenchConfig)
     assert docs["max_new_tokens"] == "Generation length cap per request (the paper: 512)."
-    assert docs["cache_ratio"].startswith("Device expert slots / all routed experts, in [0, 1]; None = as many")
-    bench = dict(all_parsers(build_parser()))[("moespac", "bench")]
+    assert docs["cache_ratio"].startswith("Device expert slots / all routed experts (MoE layers x experts), in [0, 1]")
+    parsers = dict(all_parsers(build_parser()))
+    bench = parsers[("moespac", "bench")]
     by_dest = {a.dest: a for a in bench._actions}
     defaults = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
     generated = ["source", "limit", "turns", "batch_size", "max_new_tokens", "ignore_eos", "temperature", "warmup",
-                 "seed", "timing", "hardware", "model_spec", "draft_spec", "allow_topology_mismatch", "from_trace"]
+                 "seed", "timing", "hardware", "model_spec", "draft_spec", "allow_topology_mismatch", "from_trace",
+                 "cache_ratio", "cache_gib", "per_layer", "warmup_steps", "bounds"]
     for name in generated:
         action = by_dest[name]
         assert action.help == docs[name] and action.default == defaults[name], name
+    # one cache config: the engine's, the bench's and the simulator's cache flags are CacheSize's, word for word
+    from moespac.cache import CacheSize
+    from moespac.engine.session import EngineConfig
+    from moespac.sim.simulate import SimConfig
+
+    simulate = {a.dest: a for a in parsers[("moespac", "simulate")]._actions}
+    for name, doc in field_docs(CacheSize).items():
+        assert docs[name] == field_docs(SimConfig)[name] == field_docs(EngineConfig)[name] == doc, name
+        assert by_dest[name].help == simulate[name].help == doc, name
+    switches = bench.parse_args(["--benchmark", "gsm8k", "--out", "x.json", "--no-bounds", "--per-layer-cache"])
+    assert (switches.bounds, switches.per_layer) == (False, True)
     assert by_dest["batch_size"].type is int and by_dest["limit"].type is int and by_dest["ignore_eos"].nargs == 0
     args = bench.parse_args(["--benchmark", "gsm8k", "--out", "x.json", "--limit", "3", "--ignore-eos"])
     assert (args.limit, args.ignore_eos, args.max_new_tokens) == (3, True, 512)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from moespac.cache import CacheSize
 from moespac.cli import main
 from moespac.engine.plan import model_shape, plan_memory
 from moespac.errors import MoespacError
@@ -54,7 +55,7 @@ def test_the_default_cache_ratio_of_old_does_not_fit_and_says_by_how_much():
     t = model_shape(offline_config("Qwen/Qwen3-30B-A3B"))
     d = model_shape(offline_config("Qwen/Qwen3-4B-FP8"))
     with pytest.raises(MoespacError, match=r"--cache-ratio 0.5 asks for 3072 expert slots \(27.00 GiB\), but \d+ fit"):
-        plan_memory(t, d, device_gib=24, host_gib=64, cache_ratio=0.5)
+        plan_memory(t, d, device_gib=24, host_gib=64, cache=CacheSize(cache_ratio=0.5))
     with pytest.raises(MoespacError, match="the device needs .* before any expert slot"):
         plan_memory(t, d, device_gib=6, host_gib=64)
 

@@ -44,6 +44,10 @@ def test_simulate_writes_a_simulated_record(trace_path, tmp_path, capsys):
     assert rec["distance"]["of_infinite_cache"] == pytest.approx(m["tokens_per_s"] / b["infinite_cache"]["tokens_per_s"])
     text = capsys.readouterr().out
     assert "simulated: lru on rtx4090-pcie4" in text and "tokens/s" in text and "bounds:" in text
+    from moespac.analysis.records import record_row
+
+    with pytest.raises(MoespacError, match="trace that names no benchmark is not a table cell"):
+        record_row(out)  # a synthetic trace has no benchmark: no table reads its replay
 
 
 def test_simulate_with_another_models_expert_sizes(trace_path, tmp_path):
@@ -116,7 +120,7 @@ def test_warmup_steps_sets_the_fiddler_profiling_window(trace_path, tmp_path, ca
     assert main(args + ["--warmup-steps", "0"]) == 2  # no window: fiddler lacks its signal
     assert "'warmup_counts'" in capsys.readouterr().err and not out.exists()
     assert main(args + ["--warmup-steps", "-1"]) == 2
-    assert "--warmup-steps -1 must be >= 0" in capsys.readouterr().err
+    assert "warmup_steps -1 must be >= 0" in capsys.readouterr().err
     assert main(args + ["--warmup-steps", "4"]) == 0
     rec = json.loads(out.read_text())
     assert rec["config"]["warmup_steps"] == 4 and rec["warmup_window"]["steps"] == 4 and rec["warmup_window"]["request"] == 0
@@ -136,9 +140,31 @@ def test_bench_simulated_takes_warmup_steps(micro_dir, tmp_path, capsys):
     capsys.readouterr()
     replay = common + ["--from-trace", str(trace), "--out", str(tmp_path / "again.json")]
     assert main(replay + ["--warmup-steps", "0"]) == 2 and "'warmup_counts'" in capsys.readouterr().err
-    assert main(replay + ["--warmup-steps", "-3"]) == 2 and "--warmup-steps -3" in capsys.readouterr().err
+    assert main(replay + ["--warmup-steps", "-3"]) == 2 and "warmup_steps -3 must be >= 0" in capsys.readouterr().err
     assert main(replay) == 0  # the simulator's default window
     assert json.loads((tmp_path / "again.json").read_text())["config"]["warmup_steps"] == 16
     measured = ["bench", "--benchmark", "gsm8k", "--model-pair", str(micro_dir), "--warmup-steps", "2",
                 "--out", str(tmp_path / "m.json")]
     assert main(measured) == 2 and "warmup_steps / profile_traces need timing 'simulated'" in capsys.readouterr().err
+
+
+def test_simulate_on_a_bench_trace_writes_the_cell_bench_writes(micro_dir, tmp_path, capsys):
+    """One simulated-record path: `moespac simulate` on a trace `moespac bench` recorded writes the very record
+    `moespac bench --timing simulated --from-trace` writes (a table cell, its method included)."""
+    trace = tmp_path / "t.npz"
+    assert main(["bench", "--benchmark", "gsm8k", "--model-pair", str(micro_dir), "--gamma", "2", "--limit", "2",
+                 "--max-new-tokens", "4", "--ignore-eos", "--timing", "simulated", "--hardware", "h200",
+                 "--trace", str(trace), "--out", str(tmp_path / "first.json"), "--no-progress"]) == 0
+    cell = ["--hardware", "rtx4090-pcie4", "--cache-ratio", "0.25", "--no-bounds"]
+    assert main(["bench", "--benchmark", "gsm8k", "--timing", "simulated", "--from-trace", str(trace), "--method", "lru-sd",
+                 "--out", str(tmp_path / "bench.json"), "--no-progress", *cell]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--trace", str(trace), "--method", "lru-sd", "--policy", "lru", "--json",
+                 str(tmp_path / "sim.json"), *cell]) == 0
+    assert "simulated: lru on GSM8K" in capsys.readouterr().out
+    bench, sim = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("bench", "sim"))
+    assert sim["kind"] == "bench" and sim["method"] == "lru-sd" and sim["config_hash"] == bench["config_hash"]
+    assert sim == bench  # a simulated record holds no clock reading: equal, key for key
+    # a cell is the paper's protocol; a trace that names no benchmark is no cell
+    assert main(["simulate", "--trace", str(trace), "--policy", "lru", "--warm-cache", *cell]) == 2
+    assert "its replay is a table cell, which has no --expert-dtype or --warm-cache" in capsys.readouterr().err

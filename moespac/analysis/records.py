@@ -186,9 +186,9 @@ def record_row(path, rec: dict | None = None) -> dict:
         row = dict(bench_row(rec), **_intervals(rec, "tokens_per_s"))
     elif kind == "wrapped":
         row = dict(wrapped_row(rec), **_intervals(rec, "decode_tokens_per_s"))
-    elif kind == "simulate":  # per-request means and intervals need a benchmark's requests, which the harness keeps
-        raise MoespacError(f"record {path}: a `moespac simulate` replay is not a table cell; replay a bench trace with "
-                           "`moespac bench --timing simulated --from-trace TRACE --method NAME` for one")
+    elif kind == "simulate":  # what `moespac simulate` writes for a trace of no benchmark
+        raise MoespacError(f"record {path}: the replay of a trace that names no benchmark is not a table cell; "
+                           "`moespac simulate --method NAME` on a bench trace writes one")
     else:
         raise MoespacError(f"record {path}: kind {kind!r} is not a benchmark cell")
     if row["timing"] != rec.get("timing"):

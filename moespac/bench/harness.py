@@ -23,8 +23,8 @@ import numpy as np
 
 from moespac import datasets
 from moespac.bench.records import load_valid_record, write_failure, write_result
-from moespac.cache import COUNTERS  # the bench's counters are the cache's
-from moespac.errors import MoespacError, check_context, check_unit_interval
+from moespac.cache import COUNTERS, CacheSize  # the bench's counters are the cache's
+from moespac.errors import MoespacError, check_context
 from moespac.hashing import model_id, stable_hash
 from moespac.record import make_record
 from moespac.registry import parse_policy
@@ -37,8 +37,8 @@ TRACE_POLICY = "all-host"  # of a trace-only engine run: the hybrid split keeps 
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    """One benchmark run."""
+class BenchConfig(CacheSize):
+    """One benchmark run (its device expert cache: CacheSize's fields)."""
 
     benchmark: str
     """Benchmark name (one of the seven; aliases accepted)."""
@@ -72,13 +72,6 @@ class BenchConfig:
     """Prompt source: 'offline' (committed sets) or 'hub'."""
     turns: str = "all"
     """'all' turns of multi-turn prompts (MT-bench; later turns follow the model's answers) or the 'first'."""
-    cache_ratio: float | None = None
-    """Device expert slots / all routed experts, in [0, 1]; None = as many as the memory plan fits (measured) or
-    the profile's device fits next to the rest (simulated)."""
-    cache_gib: float | None = None
-    """Device expert cache in GiB (overrides cache_ratio)."""
-    per_layer: bool = False
-    """Partition the slots per layer instead of one global pool."""
     copy_mode: str = "async"
     """Prefetch copies on a worker thread ('async') or at the end of the asking layer ('sync')."""
     dtype: str = "auto"
@@ -104,7 +97,8 @@ class BenchConfig:
     """Simulated only: window of the 'warmup_counts' signal in steps of the trace's first request (0 = none);
     None = the simulator's default. A measured run's window is its `warmup` calls instead."""
     bounds: bool = True
-    """Simulated: also replay the oracle and the infinite-cache bound (the record's distance to them)."""
+    """Simulated: also replay the oracle and the infinite-cache bound (the record's distance to them); they cost
+    more than the policy's own replay, so a study computes them once per trace, in its oracle cell."""
     profile_traces: tuple[str, ...] = ()
     """Simulated only: traces of other prompts whose routing is the profiling run (moespac.sim.simulate)."""
 
@@ -127,12 +121,11 @@ class BenchConfig:
             (self.temperature >= 0, f"temperature {self.temperature} must be >= 0"),
             (self.source in datasets.SOURCES, f"source {self.source!r}: one of {', '.join(datasets.SOURCES)}"),
             (self.turns in TURNS, f"turns {self.turns!r}: one of {', '.join(TURNS)}"),
-            (self.cache_gib is None or self.cache_gib >= 0, f"cache_gib {self.cache_gib} must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
                 raise MoespacError(message)
-        check_unit_interval("cache_ratio", self.cache_ratio)
+        super().__post_init__()
 
     @property
     def speculative(self) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from moespac.configargs import add_field_args
-from moespac.errors import MoespacError, check_unit_interval
+from moespac.configargs import add_field_args, config_from_args
+from moespac.errors import MoespacError
 
 
 def floats(text: str) -> list[float]:
@@ -35,13 +35,12 @@ def ints(text: str) -> list[int]:
 
 
 def add_model_args(p: argparse.ArgumentParser, draft_required: bool = False, target_required: bool = True) -> None:
+    """The models a session loads, as EngineConfig documents them."""
+    from moespac.engine.session import EngineConfig
+
     g = p.add_argument_group("models")
-    g.add_argument("--target", required=target_required, help="target MoE model: local folder or hub id")
-    g.add_argument("--draft", required=draft_required, default=None,
-                   help="draft model (local folder or hub id); omit for autoregressive decoding")
-    g.add_argument("--dtype", default="auto", help="auto, fp32, bf16, fp16 or fp64")
-    g.add_argument("--device", default=None, help="device for non-expert weights and the expert cache (default: cuda if available)")
-    g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the hub (off by default)")
+    add_field_args(g, EngineConfig, "target", "draft", "dtype", "device", "trust_remote_code",
+                   target=dict(required=target_required), draft=dict(required=draft_required))
 
 
 def add_engine_args(p: argparse.ArgumentParser, gamma_default: int = 8) -> None:
@@ -51,8 +50,17 @@ def add_engine_args(p: argparse.ArgumentParser, gamma_default: int = 8) -> None:
     add_field_args(g, EngineConfig, "policy")
     g.add_argument("--gamma", type=int, default=gamma_default, help="draft length")
     add_memory_args(g)
-    g.add_argument("--per-layer-cache", action="store_true", help="partition slots per layer instead of one global pool")
+    add_cache_args(g, "per_layer")
     add_field_args(g, EngineConfig, "copy_mode", copy_mode=dict(choices=["async", "sync"]))
+
+
+def add_cache_args(g, *names: str) -> None:
+    """The device expert cache's flags (all three by default), from CacheSize's fields: one spelling and one help
+    for the engine commands and the simulator."""
+    from moespac.cache import CacheSize
+
+    add_field_args(g, CacheSize, *(names or ("cache_ratio", "cache_gib", "per_layer")), cache_ratio=dict(type=finite),
+                   cache_gib=dict(type=finite), per_layer=dict(flag="--per-layer-cache"))
 
 
 def add_memory_args(g) -> None:
@@ -60,8 +68,8 @@ def add_memory_args(g) -> None:
     documents them."""
     from moespac.engine.session import EngineConfig
 
-    names = ("cache_ratio", "cache_gib", "gpu_gib", "host_gib")
-    add_field_args(g, EngineConfig, *names, **{n: dict(type=finite) for n in names})
+    add_cache_args(g, "cache_ratio", "cache_gib")
+    add_field_args(g, EngineConfig, "gpu_gib", "host_gib", gpu_gib=dict(type=finite), host_gib=dict(type=finite))
 
 
 def check_output_paths(args, *names: str) -> None:
@@ -79,28 +87,6 @@ def check_engine_args(args) -> None:
     check_output_paths(args, "json", "trace", "out")
     if getattr(args, "draft", None) and args.gamma < 1:
         raise MoespacError(f"--gamma {args.gamma} must be >= 1")
-    check_unit_interval("--cache-ratio", args.cache_ratio)
+    from moespac.cache import CacheSize
 
-
-def add_warmup_steps_arg(g) -> None:
-    """--warmup-steps of the simulator (`moespac simulate`, `moespac bench --timing simulated`)."""
-    g.add_argument("--warmup-steps", type=int, default=None, metavar="N",
-                   help="simulated: steps of the trace's first request whose routing counts are the "
-                        "'warmup_counts' signal (Fiddler-style profiling); 0 = no such signal (default: 16)")
-
-
-def add_profile_trace_arg(g) -> None:
-    """--profile-trace of the simulator: the profiling run of static placements and MoE-Infinity."""
-    g.add_argument("--profile-trace", action="append", default=[], metavar="TRACE",
-                   help="simulated: a trace of other prompts (never the replayed ones) whose routing is the "
-                        "profiling run of static placements and MoE-Infinity's activation matrices; repeatable "
-                        "(without it: the first --warmup-steps steps of the replayed trace, labelled so)")
-
-
-def warmup_steps_option(args) -> dict:
-    """{'warmup_steps': N} when --warmup-steps was given (else {}: the simulator's default); checked here."""
-    if args.warmup_steps is None:
-        return {}
-    if args.warmup_steps < 0:
-        raise MoespacError(f"--warmup-steps {args.warmup_steps} must be >= 0")
-    return dict(warmup_steps=args.warmup_steps)
+    config_from_args(CacheSize, args)  # the cache flags, checked by the rule every config uses

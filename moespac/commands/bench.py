@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moespac.commands._common import (add_engine_args, add_model_args, add_profile_trace_arg, add_warmup_steps_arg,
-                                     check_output_paths, finite, warmup_steps_option)
-from moespac.configargs import add_field_args
+from moespac.commands._common import add_engine_args, add_model_args, check_output_paths, finite
+from moespac.configargs import add_field_args, config_from_args
 from moespac.errors import MoespacError
 
 
@@ -33,12 +32,9 @@ def register(sub) -> None:
                    temperature=dict(type=finite))
     t = p.add_argument_group("timing")
     add_field_args(t, BenchConfig, "timing", "hardware", "model_spec", "draft_spec", "allow_topology_mismatch",
-                   "from_trace", timing=dict(choices=TIMINGS), from_trace=dict(metavar="TRACE"))
-    add_warmup_steps_arg(t)
-    add_profile_trace_arg(t)
-    t.add_argument("--no-bounds", action="store_true",
-                   help="simulated: skip the oracle and the infinite-cache bound (they cost more than the policy's "
-                        "own replay; a study computes them once per trace, in its oracle cell)")
+                   "from_trace", "warmup_steps", "profile_traces", "bounds", timing=dict(choices=TIMINGS),
+                   from_trace=dict(metavar="TRACE"), warmup_steps=dict(metavar="N"),
+                   profile_traces=dict(flag="--profile-trace", action="append", default=[], metavar="TRACE"))
     p.add_argument("--trace", default=None, metavar="OUT", help="keep the activation trace (.npz) here")
     p.add_argument("--out", required=True, metavar="RESULT.json", help="result record (on error: RESULT.failure.json)")
     p.add_argument("--skip-valid", action="store_true",
@@ -75,17 +71,9 @@ def run(args) -> int:
         method = get_method(args.method)
         policy = method.policy if policy is None else policy  # a different --policy is refused by the harness
         no_draft = no_draft or (not method.draft and args.timing == "measured")
-    cfg = BenchConfig(
-        benchmark=args.benchmark, target=target, draft=None if no_draft else draft, policy=policy or BenchConfig.policy,
-        method=args.method, gamma=0 if no_draft else args.gamma, batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-        ignore_eos=args.ignore_eos, temperature=args.temperature, warmup=args.warmup, limit=args.limit, seed=args.seed,
-        source=args.source, turns=args.turns, cache_ratio=args.cache_ratio, cache_gib=args.cache_gib,
-        per_layer=args.per_layer_cache, copy_mode=args.copy_mode, dtype=args.dtype, device=args.device,
-        trust_remote_code=args.trust_remote_code, timing=args.timing, hardware=args.hardware,
-        model_spec=args.model_spec, draft_spec=args.draft_spec, allow_topology_mismatch=args.allow_topology_mismatch,
-        from_trace=args.from_trace, bounds=not args.no_bounds, profile_traces=tuple(args.profile_trace),
-        **warmup_steps_option(args))
+    cfg = config_from_args(BenchConfig, args, target=target, draft=None if no_draft else draft,
+                           policy=policy or BenchConfig.policy, gamma=0 if no_draft else args.gamma,
+                           profile_traces=tuple(args.profile_traces))
     record = run_to_file(cfg, args.out, trace_out=args.trace, progress=not args.no_progress, skip_valid=args.skip_valid)
     print(summary_text(record))
     print(f"record: {args.out}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moespac.commands._common import add_memory_args, add_model_args, floats, ints
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 
 
 def register(sub) -> None:
@@ -33,8 +33,8 @@ def run(args) -> int:
 
     if any(g < 1 for g in args.gammas):
         raise MoespacError(f"--gammas {args.gammas}: every gamma must be >= 1")
-    if any(not 0 <= r <= 1 for r in args.cache_ratios):
-        raise MoespacError(f"--cache-ratios {args.cache_ratios}: every ratio must be in [0, 1]")
+    for r in args.cache_ratios:
+        check_unit_interval("--cache-ratios: a ratio", r)
     if args.prompts < 1:
         raise MoespacError(f"--prompts {args.prompts} must be >= 1")
     if any(b < 1 for b in args.batch_sizes):

@@ -76,7 +76,7 @@ def run(args) -> int:
     if args.json:
         config = dict(target=args.target, draft=args.draft, policy=args.policy, gamma=args.gamma,
                       cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, slots=stats["capacity"],
-                      per_layer=args.per_layer_cache, copy_mode=args.copy_mode, max_new_tokens=args.max_new_tokens,
+                      per_layer=args.per_layer, copy_mode=args.copy_mode, max_new_tokens=args.max_new_tokens,
                       sampling=sampling.__dict__, device=device, dtype=args.dtype, prompt=args.prompt, raw=args.raw)
         write_result(args.json, make_record("generate", "measured", config, dict(res.summary(), **stats),
                                             model_spec=spec.to_dict(), trace=args.trace))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moespac.analysis.outputs import get_output, names
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 
 
 def register(sub) -> None:
@@ -157,8 +157,7 @@ def run_routing_stats(args) -> int:
     from moespac.analysis import routing_stats as rs
     from moespac.trace import load_trace
 
-    if not 0 <= args.cache_ratio <= 1:
-        raise MoespacError(f"--cache-ratio {args.cache_ratio} must lie in [0, 1]")
+    check_unit_interval("--cache-ratio", args.cache_ratio)
     cases = []
     for arg in args.trace:
         label, sep, path = arg.partition("=")

@@ -1,12 +1,19 @@
-"""`moespac simulate`: replay a trace through a policy on a hardware profile (timing: simulated)."""
+"""`moespac simulate`: replay a trace through a policy on a hardware profile (timing: simulated).
+
+A trace `moespac bench` recorded (or one imported for a benchmark) holds its requests' facts: its replay is a
+table cell, written by the one path every simulated cell takes (`moespac bench --timing simulated --from-trace`,
+its record and its printout). Any other trace (synthetic, or imported without a benchmark) names no benchmark:
+its replay is the simulator's own record (kind 'simulate'), which tables do not read.
+"""
 
 from __future__ import annotations
 
 import argparse
 
 from moespac.bench.records import write_result
-from moespac.commands._common import add_profile_trace_arg, add_warmup_steps_arg, finite, warmup_steps_option
-from moespac.configargs import add_field_args
+from moespac.commands._common import add_cache_args
+from moespac.configargs import add_field_args, config_from_args
+from moespac.errors import MoespacError
 
 
 def register(sub) -> None:
@@ -15,13 +22,14 @@ def register(sub) -> None:
     p = sub.add_parser("simulate", help="replay an activation trace through a policy on a hardware profile",
                        description=__doc__.splitlines()[0])
     # flags of SimConfig's fields: its docstrings are their help, its defaults theirs (moespac/configargs.py)
-    add_field_args(p, SimConfig, "trace", "policy", "hardware", "model_spec", "draft_spec", "cache_ratio", "cache_gib",
-                   trace=dict(metavar="TRACE"), cache_ratio=dict(type=finite), cache_gib=dict(type=finite))
-    p.add_argument("--per-layer-cache", action="store_true", help="partition the slots evenly per layer")
-    add_field_args(p, SimConfig, "expert_dtype", "allow_topology_mismatch", "warm_cache")
-    p.add_argument("--no-bounds", action="store_true", help="skip the infinite-cache bound and the oracle")
-    add_warmup_steps_arg(p)
-    add_profile_trace_arg(p)
+    add_field_args(p, SimConfig, "trace", "policy", "hardware", "model_spec", "draft_spec", trace=dict(metavar="TRACE"))
+    add_cache_args(p)
+    add_field_args(p, SimConfig, "expert_dtype", "allow_topology_mismatch", "warm_cache", "bounds", "warmup_steps",
+                   "profile_traces", warmup_steps=dict(metavar="N"),
+                   profile_traces=dict(flag="--profile-trace", action="append", default=[], metavar="TRACE"))
+    p.add_argument("--method", default=None, metavar="NAME",
+                   help="a bench trace's replay: the table row it is a cell of (`moespac policy list`), as "
+                        "`moespac bench --method`")
     p.add_argument("--json", default=None, metavar="OUT", help="write the result record here")
     p.set_defaults(func=run)
 
@@ -29,18 +37,38 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from moespac.commands._common import check_output_paths
     from moespac.sim.simulate import SimConfig, simulate
+    from moespac.trace import load_trace
 
     check_output_paths(args, "json")
-
-    cfg = SimConfig(trace=args.trace, policy=args.policy, hardware=args.hardware, model_spec=args.model_spec,
-                    draft_spec=args.draft_spec, cache_ratio=args.cache_ratio, cache_gib=args.cache_gib,
-                    per_layer=args.per_layer_cache, expert_dtype=args.expert_dtype,
-                    allow_topology_mismatch=args.allow_topology_mismatch, warm_cache=args.warm_cache,
-                    bounds=not args.no_bounds, profile_traces=tuple(args.profile_trace), **warmup_steps_option(args))
-    record = simulate(cfg)
+    cfg = config_from_args(SimConfig, args, profile_traces=tuple(args.profile_traces))
+    trace = load_trace(cfg.trace)
+    if isinstance(trace.meta.get("bench"), dict):
+        return _bench_cell(args, cfg, trace)
+    if args.method:
+        raise MoespacError(f"--method {args.method}: trace {cfg.trace} names no benchmark (it was not recorded by "
+                           "`moespac bench` nor imported for one), so its replay is no table cell")
+    record = simulate(cfg, trace)
     if args.json:
         write_result(args.json, record)
     print(summary_text(record))
+    return 0
+
+
+def _bench_cell(args, cfg, trace) -> int:
+    """The replay of a bench trace: the cell `moespac bench --timing simulated --from-trace` writes."""
+    from moespac.bench.harness import BenchConfig, run_bench, run_to_file
+    from moespac.commands.bench import summary_text as cell_text
+
+    if cfg.expert_dtype is not None or cfg.warm_cache:  # a cell is the paper's protocol: cold requests, the spec's dtype
+        raise MoespacError(f"trace {cfg.trace} is a benchmark's: its replay is a table cell, which has no "
+                           "--expert-dtype or --warm-cache (drop them, or replay a trace that names no benchmark)")
+    bench = BenchConfig(benchmark=trace.meta["bench"]["config"]["benchmark"], timing="simulated", from_trace=cfg.trace,
+                        policy=cfg.policy, method=args.method, hardware=cfg.hardware, model_spec=cfg.model_spec,
+                        draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, cache_gib=cfg.cache_gib,
+                        per_layer=cfg.per_layer, allow_topology_mismatch=cfg.allow_topology_mismatch,
+                        warmup_steps=cfg.warmup_steps, bounds=cfg.bounds, profile_traces=cfg.profile_traces)
+    record = run_to_file(bench, args.json) if args.json else run_bench(bench)
+    print(cell_text(record))
     return 0
 
 

@@ -18,18 +18,18 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from moespac.cache import ExpertCache, PrefetchQueue, requested_slots
+from moespac.cache import CacheSize, ExpertCache, PrefetchQueue
 from moespac.engine.device import COMPUTE, Device
 from moespac.engine.kernels import grouped_experts, grouped_mm_supported
 from moespac.engine.store import ExpertStore
-from moespac.errors import MoespacError, check_unit_interval
+from moespac.errors import MoespacError
 from moespac.models.experts import experts_per_token, find_experts
 from moespac.policy import Policy, PolicyContext, StepInfo, Topology, UnitCosts
 from moespac.trace import TraceRecorder
@@ -51,15 +51,12 @@ assert IMPL in ALL_EXPERTS_FUNCTIONS
 
 
 @dataclass(frozen=True)
-class RuntimeConfig:
-    """How the hybrid engine runs."""
+class RuntimeConfig(CacheSize):
+    """How the hybrid engine runs (its cache: CacheSize's fields)."""
 
-    cache_ratio: float = 0.5
-    """Device expert slots as a share of all routed experts, in [0, 1]."""
-    cache_gib: float | None = None
-    """Device expert cache size in GiB; overrides cache_ratio when set."""
-    per_layer: bool = False
-    """Partition the slots evenly per layer instead of one global pool (the authors' code is global)."""
+    cache_ratio: float | None = field(default=0.5, kw_only=True)
+    """Device expert slots / all routed experts, in [0, 1]; a runtime on loaded models has no memory plan to
+    size it, so half of them by default."""
     copy_mode: str = "async"
     """'async': a worker thread serves prefetches concurrently; 'sync': prefetches are issued at the end of
     the layer that asked, in order (deterministic slot choice, for tests)."""
@@ -69,9 +66,7 @@ class RuntimeConfig:
     """Device slots, exactly (the memory plan's count); overrides cache_ratio and cache_gib."""
 
     def __post_init__(self):
-        check_unit_interval("cache_ratio", self.cache_ratio)
-        if self.cache_gib is not None and self.cache_gib < 0:
-            raise MoespacError(f"cache_gib {self.cache_gib} must be >= 0")
+        super().__post_init__()
         if self.copy_mode not in ("async", "sync"):
             raise MoespacError(f"copy_mode {self.copy_mode!r}: 'async' or 'sync'")
 
@@ -79,7 +74,7 @@ class RuntimeConfig:
         """Slots for `total` routed experts of `expert_bytes` each."""
         if self.slots is not None:
             return min(self.slots, total)
-        return requested_slots(total, expert_bytes, self.cache_ratio, self.cache_gib)
+        return self.requested_slots(total, expert_bytes)
 
 
 class HybridRuntime:
@@ -138,7 +133,7 @@ class HybridRuntime:
             capacity = config.slot_count(L * E, self.store.expert_bytes)
             self.store.resize(capacity)
             self.config = config
-            self.cache = ExpertCache(self.topology, capacity, capacity // L if config.per_layer else None,
+            self.cache = ExpertCache(self.topology, capacity, config.per_layer_capacity(capacity, L),
                                      expert_bytes=self.store.copy_bytes)
 
     # -- request / step lifecycle ---------------------------------------------------------------------

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from moespac.cache import requested_slots
-from moespac.errors import MoespacError, check_unit_interval
+from moespac.cache import CacheSize
+from moespac.errors import MoespacError
 
 GiB = 2**30
 CUDA_RESERVE = GiB // 2  # CUDA context and allocator slack on a GPU
@@ -191,11 +191,11 @@ class MemoryPlan:
 
 def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_gib: float | None, host_gib: float | None,
                 context: int = 4096, batch: int = 1, gamma: int = 8, cuda: bool = True,
-                cache_ratio: float | None = None, cache_gib: float | None = None) -> MemoryPlan:
-    """The plan of one run; raises MoespacError (one line) when it cannot fit."""
+                cache: CacheSize = CacheSize()) -> MemoryPlan:
+    """The plan of one run (`cache`: the slots asked for, if any); raises MoespacError (one line) when it cannot
+    fit."""
     if not target.moe_layers:
         raise MoespacError(f"target {target.name}: no routed experts (not an MoE model)")
-    check_unit_interval("--cache-ratio", cache_ratio)
     total = target.moe_layers * target.experts
     rows = batch * (gamma + 1) * max(target.top_k, 1)
     prefill = min(context, 2048) * batch  # prompt tokens of one prefill forward, at most
@@ -225,9 +225,9 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_g
         raise MoespacError(f"memory plan: the device needs {_gib(need)} before any expert slot ({parts}), "
                            f"{_gib(need - device_budget)} more than its {_gib(device_budget)}")
     fit = total if device_budget is None else min(total, (device_budget - need) // max(target.expert_each, 1))
-    slots = requested_slots(total, target.expert_each, cache_ratio, cache_gib)
-    requested = (f"--cache-gib {cache_gib:g}" if cache_gib is not None else
-                 f"--cache-ratio {cache_ratio:g}" if cache_ratio is not None else "chosen by the plan")
+    slots = cache.requested_slots(total, target.expert_each)
+    requested = (f"--cache-gib {cache.cache_gib:g}" if cache.cache_gib is not None else
+                 f"--cache-ratio {cache.cache_ratio:g}" if cache.cache_ratio is not None else "chosen by the plan")
     slots = fit if slots is None else slots
     if slots > fit:
         raise MoespacError(f"memory plan: {requested} asks for {slots} expert slots "

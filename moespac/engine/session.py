@@ -14,12 +14,13 @@ import re
 import os
 from dataclasses import dataclass, replace
 
-from moespac.errors import MoespacError, check_unit_interval
+from moespac.cache import CacheSize
+from moespac.errors import MoespacError
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """What a session loads and how its engine runs."""
+class EngineConfig(CacheSize):
+    """What a session loads and how its engine runs (its cache: CacheSize's fields)."""
 
     target: str
     """Target MoE model: local folder or hub id."""
@@ -33,12 +34,6 @@ class EngineConfig:
     """Allow model code from the hub."""
     policy: str = "lru"
     """Scheduling policy, name[:key=value,...]."""
-    cache_ratio: float | None = None
-    """Device slots / routed experts; None = as many as the memory plan fits."""
-    cache_gib: float | None = None
-    """Device slot pool in GiB (overrides cache_ratio)."""
-    per_layer: bool = False
-    """Partition the slots per layer instead of one global pool."""
     copy_mode: str = "async"
     """Prefetch copies on a worker thread ('async') or at the end of the asking layer ('sync')."""
     gpu_gib: float | None = None
@@ -53,8 +48,8 @@ class EngineConfig:
     """Draft length the plan sizes verify batches for."""
 
     def __post_init__(self):
-        check_unit_interval("cache_ratio", self.cache_ratio)
-        for key in ("cache_gib", "gpu_gib", "host_gib"):
+        super().__post_init__()
+        for key in ("gpu_gib", "host_gib"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise MoespacError(f"{key} {getattr(self, key)} must be >= 0")
         if self.context < 1 or self.batch_size < 1 or self.gamma < 0:
@@ -101,7 +96,7 @@ def plan_for(cfg: EngineConfig, device: str):
     return plan_memory(target, draft, device_gib=gpu if cuda else None,
                        host_gib=cfg.host_gib if cfg.host_gib is not None else host_memory_gib(),
                        context=min(cfg.context, longest), batch=cfg.batch_size, gamma=cfg.gamma if cfg.draft else 0, cuda=cuda,
-                       cache_ratio=cfg.cache_ratio, cache_gib=cfg.cache_gib)
+                       cache=cfg)
 
 
 class EngineSession:
@@ -184,6 +179,6 @@ def config_from_args(args, **overrides) -> EngineConfig:
     fields = dict(target=args.target, draft=getattr(args, "draft", None), dtype=args.dtype, device=args.device,
                   trust_remote_code=args.trust_remote_code, policy=getattr(args, "policy", "lru"),
                   cache_ratio=getattr(args, "cache_ratio", None), cache_gib=getattr(args, "cache_gib", None),
-                  per_layer=getattr(args, "per_layer_cache", False), copy_mode=getattr(args, "copy_mode", "async"),
+                  per_layer=getattr(args, "per_layer", False), copy_mode=getattr(args, "copy_mode", "async"),
                   gpu_gib=getattr(args, "gpu_gib", None), host_gib=getattr(args, "host_gib", None))
     return replace(EngineConfig(**fields), **overrides)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from moespac.errors import MoespacError
+from moespac.errors import MoespacError, check_unit_interval
 from moespac.routing import decode_counts, locality
 from moespac.models.registry import get_spec
 from moespac.policy import Topology, check_signals
@@ -62,8 +62,7 @@ class LocalitySweep:
             bad("methods", "at least one method")
         for m in self.methods:
             get_method(m)  # names the unknown method
-        if not 0 <= self.cache_ratio <= 1:
-            bad("cache_ratio", "must lie in [0, 1]")
+        check_unit_interval("locality sweep key 'cache_ratio'", self.cache_ratio)
         if self.tokens < 1 or self.gamma < 1:
             bad("tokens" if self.tokens < 1 else "gamma", "must be >= 1")
         if not 0 <= self.persistence < 1:

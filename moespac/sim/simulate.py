@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moespac.cache import requested_slots
-from moespac.errors import MoespacError, check_unit_interval
+from moespac.cache import CacheSize
+from moespac.errors import MoespacError
 from moespac.models.registry import ModelSpec, get_spec
 from moespac.policy import UnitCosts
 from moespac.record import make_record
@@ -24,8 +24,8 @@ DEFAULT_DRAFT = "qwen3-4b-fp8"  # the paper's draft for Qwen3-30B-A3B (section 4
 
 
 @dataclass(frozen=True)
-class SimConfig:
-    """What to simulate."""
+class SimConfig(CacheSize):
+    """What to simulate (the device expert cache: CacheSize's fields)."""
 
     trace: str
     """Trace file (.npz) from the engine or a synthetic one."""
@@ -37,12 +37,6 @@ class SimConfig:
     """Registry name whose expert sizes are simulated, or 'trace' for the spec stored in the trace."""
     draft_spec: str | None = None
     """Registry name of the draft; None = the trace's draft spec if it has one, else qwen3-4b-fp8."""
-    cache_ratio: float | None = None
-    """Device expert slots / (MoE layers x experts); None = as many as fit in the profile's device memory."""
-    cache_gib: float | None = None
-    """Device expert cache in GiB (overrides cache_ratio), as the engine's --cache-gib."""
-    per_layer: bool = False
-    """Partition the slots evenly per layer (capacity // layers each), as the engine's --per-layer-cache."""
     expert_dtype: str | None = None
     """Dtype of expert weights (bytes per copy); None = the spec's dtype."""
     allow_topology_mismatch: bool = False
@@ -61,9 +55,7 @@ class SimConfig:
     collection (one matrix per request) read, as the real systems profile on a dataset before serving."""
 
     def __post_init__(self):
-        check_unit_interval("cache_ratio", self.cache_ratio)
-        if self.cache_gib is not None and self.cache_gib < 0:
-            raise MoespacError(f"cache_gib {self.cache_gib} must be >= 0")
+        super().__post_init__()
         if self.warmup_steps < 0:
             raise MoespacError(f"warmup_steps {self.warmup_steps} must be >= 0")
 
@@ -113,11 +105,10 @@ def policy_costs(workload, cost: CostModel) -> UnitCosts:
     return cost.unit_costs(tokens=tokens, batch=batch)
 
 
-def run_policy(workload, timing, costs: UnitCosts, policy_spec: str, capacity: int, per_layer: bool = False,
-               warm_cache: bool = False, warmup_counts=None, history=None):
+def run_policy(workload, timing, costs: UnitCosts, policy_spec: str, capacity: int,
+               per_layer_capacity: int | None = None, warm_cache: bool = False, warmup_counts=None, history=None):
     """Replay one policy; returns (policy, ReplayResult)."""
     policy = make_policy(policy_spec)
-    per_layer_capacity = capacity // workload.topology.num_layers if per_layer else None
     result = replay(workload, timing, policy, capacity, per_layer_capacity=per_layer_capacity, costs=costs,
                     warm_cache=warm_cache, warmup_counts=warmup_counts, history=history)
     return policy, result
@@ -148,7 +139,7 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
     timing = cost.timing(workload)
     total = workload.topology.num_layers * workload.topology.num_experts
     fit = cost.fit_slots()
-    capacity = requested_slots(total, cost.expert_bytes, cfg.cache_ratio, cfg.cache_gib)  # as the engine sizes it
+    capacity = cfg.requested_slots(total, cost.expert_bytes)  # as the engine sizes it
     capacity = min(fit, total) if capacity is None else capacity
     name, options = parse_policy(cfg.policy)
     unit = policy_costs(workload, cost)
@@ -161,7 +152,8 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
     elif cfg.warmup_steps:
         warm, window = warmup_window(workload.counts, workload.steps["step_request"], cfg.warmup_steps)
         window = dict(window, source="first steps of the trace's first request (also replayed)")
-    policy, result = run_policy(workload, timing, unit, cfg.policy, capacity, cfg.per_layer, cfg.warm_cache, warm,
+    per_layer = cfg.per_layer_capacity(capacity, workload.topology.num_layers)
+    policy, result = run_policy(workload, timing, unit, cfg.policy, capacity, per_layer, cfg.warm_cache, warm,
                                 history)
     metrics = result.summary()
     extra = {}
@@ -170,7 +162,7 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
         oracle_m = None
         if not cfg.warm_cache:  # the oracle reads each request's future: cold requests only
             same = name == "oracle" and not options  # the oracle's own cell: its replay is the bound's
-            oracle_m = metrics if same else run_policy(workload, timing, unit, "oracle", capacity, cfg.per_layer)[1].summary()
+            oracle_m = metrics if same else run_policy(workload, timing, unit, "oracle", capacity, per_layer)[1].summary()
             oracle_m = {k: oracle_m[k] for k in ("tokens_per_s", "decode_s", "prefill_s", "latency_s", "hit_rate",
                                                  "host_share", "link_bytes")}
         extra["bounds"] = {"infinite_cache": bound, "oracle": oracle_m}
