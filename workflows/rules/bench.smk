@@ -12,12 +12,12 @@ rule record_trace:
     input:
         source=get_trace_source,
     output:
-        trace="results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.npz",
-        record="results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.json",
+        trace=cell_pattern("trace", ext=".npz"),
+        record=cell_pattern("trace"),
     log:
-        "results/logs/record_trace/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.log",
+        cell_pattern("trace", "results/logs/record_trace", ".log"),
     benchmark:
-        "results/benchmarks/record_trace/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.tsv"
+        cell_pattern("trace", "results/benchmarks/record_trace", ".tsv")
     conda:
         "../envs/moespac.yaml"
     threads: 1
@@ -34,9 +34,9 @@ rule simulate_cell:
         trace=get_trace,
         profile=get_profile_traces,
     output:
-        "results/simulated/{hardware}/{spec}/{draft}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.json",
+        cell_pattern("simulated"),
     log:
-        "results/logs/simulate_cell/{hardware}/{spec}/{draft}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.log",
+        cell_pattern("simulated", "results/logs/simulate_cell", ".log"),
     conda:
         "../envs/moespac.yaml"
     threads: 1
@@ -56,11 +56,11 @@ rule bench_measured:
     input:
         pair=get_pair_ready,
     output:
-        "results/measured/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.json",
+        cell_pattern("measured"),
     log:
-        "results/logs/bench_measured/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.log",
+        cell_pattern("measured", "results/logs/bench_measured", ".log"),
     benchmark:
-        "results/benchmarks/bench_measured/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}.tsv"
+        cell_pattern("measured", "results/benchmarks/bench_measured", ".tsv")
     conda:
         "../envs/moespac.yaml"
     threads: 2
@@ -84,11 +84,11 @@ rule bench_llamacpp:
         pair=get_pair_ready,
         build="results/build/llamacpp.json",
     output:
-        "results/wrapped/{pair}/{benchmark}/{method}/g{gamma}-n{tokens}.json",
+        cell_pattern("llamacpp"),
     log:
-        "results/logs/bench_llamacpp/{pair}/{benchmark}/{method}/g{gamma}-n{tokens}.log",
+        cell_pattern("llamacpp", "results/logs/bench_llamacpp", ".log"),
     benchmark:
-        "results/benchmarks/bench_llamacpp/{pair}/{benchmark}/{method}/g{gamma}-n{tokens}.tsv"
+        cell_pattern("llamacpp", "results/benchmarks/bench_llamacpp", ".tsv")
     wildcard_constraints:
         method="llamacpp|llamacpp-sd",
     conda:
@@ -111,11 +111,11 @@ rule bench_wrapped:
     input:
         pair=get_pair_ready,
     output:
-        "results/wrapped/{pair}/{benchmark}/{system}/n{tokens}.json",
+        cell_pattern("wrapped"),
     log:
-        "results/logs/bench_wrapped/{pair}/{benchmark}/{system}/n{tokens}.log",
+        cell_pattern("wrapped", "results/logs/bench_wrapped", ".log"),
     benchmark:
-        "results/benchmarks/bench_wrapped/{pair}/{benchmark}/{system}/n{tokens}.tsv"
+        cell_pattern("wrapped", "results/benchmarks/bench_wrapped", ".tsv")
     wildcard_constraints:
         system="accelerate|vllm|moespac-release",
     conda:

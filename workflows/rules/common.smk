@@ -163,8 +163,32 @@ def decode_gamma(method, gamma):
     return int(gamma) if get_method(method).draft else 0
 
 
+# Each kind of cell has one path pattern, Paramspace's idea: the rule's output is the pattern (its wildcards),
+# and the path a table asks for is the same pattern filled in (cell_path); nothing parses a path back.
+CELLS = dict(
+    trace="traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}",
+    simulated="simulated/{hardware}/{spec}/{draft}/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}",
+    measured="measured/{pair}/{benchmark}/{method}/g{gamma}-b{batch}-n{tokens}-c{cache}",
+    llamacpp="wrapped/{pair}/{benchmark}/{method}/g{gamma}-n{tokens}",
+    wrapped="wrapped/{pair}/{benchmark}/{system}/n{tokens}",
+)
+
+
+def cell_pattern(kind, folder=None, ext=".json"):
+    """A cell kind's path pattern, with wildcards: under results/, or with its kind's folder swapped for
+    `folder` (a rule's log or benchmark folder, e.g. 'results/logs/simulate_cell')."""
+    top, rest = CELLS[kind].split("/", 1)
+    base = folder or f"results/{top}"
+    return f"{base}/{rest}{ext}"
+
+
+def cell_path(kind, ext=".json", **values):
+    """A cell's path: its kind's pattern filled in."""
+    return cell_pattern(kind, ext=ext).format(**values)
+
+
 def trace_file(pair, benchmark, gamma, batch, tokens):
-    return f"results/traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}.npz"
+    return cell_path("trace", ".npz", pair=pair, benchmark=benchmark, gamma=gamma, batch=batch, tokens=tokens)
 
 
 def sim_draft(method, draft=None):
@@ -193,10 +217,18 @@ def sim_cell(
     """
     g = decode_gamma(method, SIM["gamma"] if gamma is None else gamma)
     pair, batch, tokens = pair or SIM["pair"], batch or SIM["batch_size"], tokens or SIM["max_new_tokens"]
-    path = (
-        f"results/simulated/{hardware or SIM['hardware']}/{spec or SIM['model_spec']}/{sim_draft(method, draft)}/"
-        f"{pair}/{benchmark}/{method}/g{g}-b{batch}-n{tokens}"
-        f"-c{fmt_ratio(SIM['cache_ratio'] if cache is None else cache)}.json"
+    path = cell_path(
+        "simulated",
+        hardware=hardware or SIM["hardware"],
+        spec=spec or SIM["model_spec"],
+        draft=sim_draft(method, draft),
+        pair=pair,
+        benchmark=benchmark,
+        method=method,
+        gamma=g,
+        batch=batch,
+        tokens=tokens,
+        cache=fmt_ratio(SIM["cache_ratio"] if cache is None else cache),
     )
     TRACE_OF_CELL[path] = trace_file(pair, benchmark, g, batch, tokens)
     return path
@@ -204,23 +236,32 @@ def sim_cell(
 
 def measured_cell(method, benchmark, pair=None):
     """A measured cell with the `engine` section's settings (on its pair unless another is given)."""
-    g = decode_gamma(method, ENGINE["gamma"])
-    return (
-        f"results/measured/{pair or ENGINE['pair']}/{benchmark}/{method}/g{g}-b{ENGINE['batch_size']}"
-        f"-n{ENGINE['max_new_tokens']}-c{fmt_ratio(ENGINE['cache_ratio'])}.json"
+    return cell_path(
+        "measured",
+        pair=pair or ENGINE["pair"],
+        benchmark=benchmark,
+        method=method,
+        gamma=decode_gamma(method, ENGINE["gamma"]),
+        batch=ENGINE["batch_size"],
+        tokens=ENGINE["max_new_tokens"],
+        cache=fmt_ratio(ENGINE["cache_ratio"]),
     )
 
 
 def wrapped_cell(method, benchmark):
-    g = decode_gamma(method, LLAMACPP["gamma"])
-    return f"results/wrapped/{LLAMACPP['pair']}/{benchmark}/{method}/g{g}-n{LLAMACPP['max_new_tokens']}.json"
+    return cell_path(
+        "llamacpp",
+        pair=LLAMACPP["pair"],
+        benchmark=benchmark,
+        method=method,
+        gamma=decode_gamma(method, LLAMACPP["gamma"]),
+        tokens=LLAMACPP["max_new_tokens"],
+    )
 
 
 def wrapped_system_cell(system, benchmark):
     s = config["wrapped"][WRAPPED_SYSTEMS[system]]
-    return (
-        f"results/wrapped/{s['pair']}/{benchmark}/{system}/n{s['max_new_tokens']}.json"
-    )
+    return cell_path("wrapped", pair=s["pair"], benchmark=benchmark, system=system, tokens=s["max_new_tokens"])
 
 
 def get_trace(wildcards):
