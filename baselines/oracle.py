@@ -186,7 +186,8 @@ class Oracle(Policy):
         S = len(self.next_step) - 1
         after = self.next_step[np.minimum(nxt // L + 1, S), np.arange(L)[:, None], np.arange(E)[None, :]]
         order = np.lexsort((np.broadcast_to(np.arange(E), (L, E)), after, -gain), axis=1)
-        rank = np.argsort(order, axis=1, kind="stable")
+        rank = np.empty_like(order)  # the inverse permutation of each row: a scatter, cheaper than argsort
+        np.put_along_axis(rank, order, np.arange(E)[None, :], axis=1)
         keys = nxt * E + rank
         self.never = len(self.next_step) * L * E  # above any real use's key
         useless = nxt >= (len(self.next_step) - 1) * L

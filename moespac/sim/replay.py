@@ -191,10 +191,13 @@ class Replay:
             frozen[layer] = hit
             load, carry = cache.on_demand(layer, plan, active)  # carry: copied with the layer, not run
             if load.size or carry.size:
-                loaded_at, loaded = link.load(layer, load, now)
-                frozen[layer, loaded] = True  # before the carried copies look for victims: these run now
-                loaded_at, carried = link.load(layer, carry, loaded_at, counter="carried")
-                frozen[layer, carried] = True
+                loaded_at = now  # an empty batch would change nothing: the other one waits for the copy in flight
+                if load.size:
+                    loaded_at, loaded = link.load(layer, load, now)
+                    frozen[layer, loaded] = True  # before the carried copies look for victims: these run now
+                if carry.size:
+                    loaded_at, carried = link.load(layer, carry, loaded_at, counter="carried")
+                    frozen[layer, carried] = True
                 stall += loaded_at - now
                 now = loaded_at
                 on_device = active & resident[layer]
