@@ -28,6 +28,7 @@ seeds) finds no scenario where a policy beats it. Before the exact on-demand pla
 property test runs a fixed (derandomised) sample so that CI is reproducible.
 """
 
+import functools
 import itertools
 
 import numpy as np
@@ -317,6 +318,7 @@ def brute_force_on_demand(counts, dev_cost, host_cost, hidden, load, serial, cap
     S, L, E = counts.shape
     cells = [(l, e) for l in range(L) for e in range(E)]
 
+    @functools.lru_cache(maxsize=None)  # the least time from (position, resident set) on: a pure function
     def best(p, resident):
         if p == S * L:
             return 0.0
