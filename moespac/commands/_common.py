@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from moespac.configargs import add_field_args, config_from_args
-from moespac.errors import MoespacError
+from moespac.configargs import add_field_args
+from moespac.errors import MoespacError, check_unit_interval
 
 
 def floats(text: str) -> list[float]:
@@ -87,6 +87,4 @@ def check_engine_args(args) -> None:
     check_output_paths(args, "json", "trace", "out")
     if getattr(args, "draft", None) and args.gamma < 1:
         raise MoespacError(f"--gamma {args.gamma} must be >= 1")
-    from moespac.cache import CacheSize
-
-    config_from_args(CacheSize, args)  # the cache flags, checked by the rule every config uses
+    check_unit_interval("--cache-ratio", args.cache_ratio)  # the flag the user typed, named as typed
