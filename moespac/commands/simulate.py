@@ -9,6 +9,7 @@ its replay is the simulator's own record (kind 'simulate'), which tables do not 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from moespac.bench.records import write_result
 from moespac.commands._common import add_cache_args
@@ -62,11 +63,9 @@ def _bench_cell(args, cfg, trace) -> int:
     if cfg.expert_dtype is not None or cfg.warm_cache:  # a cell is the paper's protocol: cold requests, the spec's dtype
         raise MoespacError(f"trace {cfg.trace} is a benchmark's: its replay is a table cell, which has no "
                            "--expert-dtype or --warm-cache (drop them, or replay a trace that names no benchmark)")
+    shared = {f.name for f in dataclasses.fields(BenchConfig)} & {f.name for f in dataclasses.fields(cfg)}
     bench = BenchConfig(benchmark=trace.meta["bench"]["config"]["benchmark"], timing="simulated", from_trace=cfg.trace,
-                        policy=cfg.policy, method=args.method, hardware=cfg.hardware, model_spec=cfg.model_spec,
-                        draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, cache_gib=cfg.cache_gib,
-                        per_layer=cfg.per_layer, allow_topology_mismatch=cfg.allow_topology_mismatch,
-                        warmup_steps=cfg.warmup_steps, bounds=cfg.bounds, profile_traces=cfg.profile_traces)
+                        method=args.method, **{name: getattr(cfg, name) for name in shared})
     record = run_to_file(bench, args.json) if args.json else run_bench(bench)
     print(cell_text(record))
     return 0
