@@ -36,6 +36,13 @@ def test_paper_numbers_in_builtins():
     assert load_profile("rtx4060-8gb").link_bandwidth == 26.2e9 / 2  # PCIe 4.0 x8: half the lanes
     assert load_profile("rtx4060-8gb").device_memory == 8 * 2**30
     assert load_profile("h200").device_mem_bandwidth == 4.8e12
+    # measured figures where a citable one exists, the nominal value beside it in the source
+    h200, a100 = load_profile("h200"), load_profile("a100-80gb-pcie4")
+    assert h200.link_bandwidth == 57.06e9 and "nominal 64 GB/s" in h200.sources["link_bandwidth"]
+    assert a100.host_mem_bandwidth == 171.5e9 and "nominal 204.8 GB/s" in a100.sources["host_mem_bandwidth"]
+    for p in (h200, a100):
+        assert p.sources["link_bandwidth"].startswith("measured")
+    assert a100.sources["host_mem_bandwidth"].startswith("measured")
 
 
 def write_variant(tmp_path, change) -> Path:
