@@ -76,12 +76,12 @@ def budget_layer(candidates: np.ndarray, cache, budgets: np.ndarray, fallback_la
     """
     req = getattr(cache, "requesting", None)
     layer = req[0] if req is not None else fallback_layer
-    has = candidates.any(axis=1)
     occupancy = getattr(cache, "occupied", None)  # ExpertCache: resident + in flight, per layer
     if occupancy is None:
         occupancy = cache.resident.sum(axis=1)
     if occupancy[layer] >= budgets[layer]:
-        return int(layer) if has[layer] else None
+        return int(layer) if candidates[layer].any() else None
+    has = candidates.any(axis=1)
     if not has.any():
         return None
     over = np.where(has, occupancy - budgets, np.iinfo(np.int64).min)

@@ -48,14 +48,17 @@ class ARC:
 
     def sync(self, resident: np.ndarray) -> None:
         """Take in experts that became resident since the last call; forget ones that left."""
-        for e in np.flatnonzero(self.member & ~resident).tolist():
-            self.t1.pop(e, None)
-            self.t2.pop(e, None)
-        for e in np.flatnonzero(resident & ~self.member).tolist():
-            self.b1.pop(e, None)
-            self.b2.pop(e, None)
-            (self.t2 if self.promote.pop(e, None) is not None else self.t1)[e] = True
-        self.member = resident.copy()
+        changed = np.flatnonzero(self.member != resident)
+        if len(changed):  # usually nothing: sync runs at every layer and every eviction
+            left = self.member[changed]
+            for e in changed[left].tolist():
+                self.t1.pop(e, None)
+                self.t2.pop(e, None)
+            for e in changed[~left].tolist():
+                self.b1.pop(e, None)
+                self.b2.pop(e, None)
+                (self.t2 if self.promote.pop(e, None) is not None else self.t1)[e] = True
+            self.member = resident.copy()
         while self.b1 and len(self.t1) + len(self.b1) > self.c:
             self.b1.popitem(last=False)
         while self.b2 and len(self.t1) + len(self.t2) + len(self.b1) + len(self.b2) > 2 * self.c:
@@ -140,8 +143,9 @@ class Fate(Policy):
             return []
         predicted = next_layer_prediction(self.step, layer, self.ctx.topology.num_experts, self.name)
         order = np.argsort(-predicted, kind="stable")
-        return [Prefetch(layer + 1, int(e), float(predicted[e])) for e in order
-                if predicted[e] > 0 and not cache.resident[layer + 1, e]]
+        order = order[predicted[order] > 0]
+        order = order[~cache.resident[layer + 1, order]]
+        return [Prefetch(layer + 1, e, float(p)) for e, p in zip(order.tolist(), predicted[order].tolist())]
 
     def victim(self, candidates, cache):
         layer = budget_layer(candidates, cache, self.budgets, self.layer)

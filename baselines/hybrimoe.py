@@ -38,23 +38,26 @@ from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch, UnitCosts
 def greedy_split(counts: np.ndarray, resident: np.ndarray, costs: UnitCosts) -> tuple[list[int], list[int]]:
     """HybriMoE's two-ended split of one layer's activated experts: (device experts, host experts)."""
     active = np.flatnonzero(counts)
-    hot_first = np.argsort(-counts[active], kind="stable")  # ties keep id order
-    ranked = active[hot_first]
-    queue = [int(e) for e in ranked[resident[ranked]]] + [int(e) for e in ranked[~resident[ranked]]]
-    gpu, cpu = [], []
+    ranked = active[np.argsort(-counts[active], kind="stable")]  # ties keep id order
+    on = resident[ranked]
+    queue = np.concatenate([ranked[on], ranked[~on]])
+    # plain Python numbers from here: the loop runs on every layer of every step
+    tokens, on, queue = counts[queue].tolist(), resident[queue].tolist(), queue.tolist()
+    t_io, t_gpu, t_cpu = costs.t_io, costs.t_gpu, costs.t_cpu
+    head, tail = 0, len(queue) - 1  # the GPU takes queue[:head], the CPU queue[tail + 1:]
     gpu_t = cpu_t = io_t = 0.0
-    while queue:
-        head, tail = queue[0], queue[-1]
-        io = io_t + (0.0 if resident[head] else costs.t_io)
-        g = (gpu_t if resident[head] else max(gpu_t, io)) + costs.t_gpu
-        c = cpu_t + costs.t_cpu * counts[tail]
+    while head <= tail:
+        if on[head]:
+            io, g = io_t, gpu_t + t_gpu
+        else:  # cannot start before its copy, which queues behind the earlier ones
+            io = io_t + t_io
+            g = max(gpu_t, io) + t_gpu
+        c = cpu_t + t_cpu * tokens[tail]
         if g <= c:
-            gpu.append(queue.pop(0))
-            gpu_t, io_t = g, io
+            head, gpu_t, io_t = head + 1, g, io
         else:
-            cpu.append(queue.pop())
-            cpu_t = c
-    return gpu, cpu
+            tail, cpu_t = tail - 1, c
+    return queue[:head], queue[tail + 1:][::-1]
 
 
 class HybriMoE(Policy):
@@ -93,10 +96,13 @@ class HybriMoE(Policy):
         return np.arange(E)[None, :] < self.budgets[:, None]  # experts 0..b-1 of each layer
 
     def update_scores(self, layer: int, counts: np.ndarray) -> None:
-        s = counts / max(counts.sum(), 1)
-        top = np.argsort(-s, kind="stable")[:self.top_p]
-        self.scores[layer] *= 1.0 - self.alpha
-        self.scores[layer, top] += self.alpha * s[top]
+        row = self.scores[layer]
+        row *= 1.0 - self.alpha
+        # an expert of the top p with no routing entry gains alpha * 0: only the active ones of the top p change
+        active = np.flatnonzero(counts)
+        if len(active) > self.top_p:  # the p highest counts, ties to the lower id (a stable sort of all would agree)
+            active = active[np.argsort(-counts[active], kind="stable")[:self.top_p]]
+        row[active] += self.alpha * (counts[active] / max(int(counts.sum()), 1))
 
     def begin_step(self, step, cache):
         self.step = step
@@ -109,16 +115,17 @@ class HybriMoE(Policy):
             return LayerPlan(load=missing(layer, counts, cache))
         resident = cache.resident[layer]
         gpu, cpu = greedy_split(counts, resident, self.ctx.costs)
-        load = np.array([e for e in gpu if not resident[e]], dtype=np.int64)
-        return LayerPlan(load=load, host=np.array(cpu, dtype=np.int64))
+        gpu = np.array(gpu, dtype=np.int64)
+        return LayerPlan(load=gpu[~resident[gpu]], host=np.array(cpu, dtype=np.int64))
 
     def end_layer(self, layer, counts, cache) -> list[Prefetch]:
         nxt = layer + 1
         if nxt >= self.ctx.topology.num_layers or self.prefetch == 0:
             return []
-        top = np.argsort(-self.scores[nxt], kind="stable")[:self.prefetch]
-        return [Prefetch(nxt, int(e), float(self.scores[nxt, e])) for e in top
-                if self.scores[nxt, e] > 0 and not cache.resident[nxt, e]]
+        row = self.scores[nxt]
+        top = np.argsort(-row, kind="stable")[:self.prefetch]
+        return [Prefetch(nxt, e, p) for e, p, on in zip(top.tolist(), row[top].tolist(), cache.resident[nxt, top].tolist())
+                if p > 0 and not on]
 
     def victim(self, candidates, cache):
         layer = budget_layer(candidates, cache, self.budgets, self.layer)

@@ -161,31 +161,46 @@ class Oracle(Policy):
         return placement | self._soonest(self._compute_keys(worth=False))
 
     # -- the future --------------------------------------------------------------------------------
-    def _next_use(self) -> np.ndarray:
-        """int [L, E]: position (step * L + layer) of each expert's next use after the current layer."""
+    def _source_steps(self) -> np.ndarray:
+        """int [L]: the step whose next uses each layer's row reads at the current position: the current step
+        for the layers still to come, the next one for the layers already run (this step's uses are behind)."""
         L = self.next_step.shape[1]
-        later = np.arange(L)[:, None] > self.layer
-        step = np.where(later, self.next_step[self.s], self.next_step[min(self.s + 1, len(self.next_step) - 1)])
-        return step * L + np.arange(L)[:, None]
+        return np.where(np.arange(L) > self.layer, self.s, min(self.s + 1, len(self.next_step) - 1))
+
+    def _next_use(self, rows: np.ndarray | None = None, src: np.ndarray | None = None) -> np.ndarray:
+        """int [L, E] (or those `rows`): position (step * L + layer) of each expert's next use after the current
+        layer."""
+        src = self._source_steps() if src is None else src
+        rows = np.arange(len(src)) if rows is None else rows
+        return self.next_step[src[rows], rows] * self.next_step.shape[1] + rows[:, None]
 
     def _keys(self) -> np.ndarray:
         """int [L, E] sort keys: next use, then (costs bound) what the device saves at that use, then expert id
         (unique, so ties break the same way every time); experts never used again, or not worth a device slot,
-        get keys >= self.never. They change only when the position (step, layer) moves, so they are computed
-        once per position (victim asks many times)."""
+        get keys >= self.never. A layer's row depends only on the step its next uses are read from
+        (`_source_steps`), so when the position moves only the rows whose step changed are computed again: one
+        row per layer visit, none at a step's start (victim asks many times per position)."""
         if self._keys_at != (self.s, self.layer):
-            self._keys_cache, self._keys_at = self._compute_keys(), (self.s, self.layer)
+            src = self._source_steps()
+            if self._keys_at is None:
+                self._keys_cache = self._compute_keys(src=src)
+            elif len(rows := np.flatnonzero(src != self._keys_src)):
+                self._keys_cache = self._keys_cache.copy()
+                self._keys_cache[rows] = self._compute_keys(rows=rows, src=src)
+            self._keys_at, self._keys_src = (self.s, self.layer), src
         return self._keys_cache
 
-    def _compute_keys(self, worth: bool = True) -> np.ndarray:
-        nxt = self._next_use()
-        L, E = nxt.shape
-        gain = self._gain(nxt)
+    def _compute_keys(self, worth: bool = True, rows: np.ndarray | None = None, src: np.ndarray | None = None) -> np.ndarray:
+        """The rows `rows` (default all) of the keys at source steps `src` (default the current position's)."""
+        rows = np.arange(self.next_step.shape[1]) if rows is None else rows
+        nxt = self._next_use(rows, src)
+        L, (n, E) = self.next_step.shape[1], nxt.shape
+        gain = self._gain(nxt, rows)
         # rank within the layer by saving (largest first), then the use after the next (soonest first), then
         # id; next use dominates (rank < E)
         S = len(self.next_step) - 1
-        after = self.next_step[np.minimum(nxt // L + 1, S), np.arange(L)[:, None], np.arange(E)[None, :]]
-        order = np.lexsort((np.broadcast_to(np.arange(E), (L, E)), after, -gain), axis=1)
+        after = self.next_step[np.minimum(nxt // L + 1, S), rows[:, None], np.arange(E)[None, :]]
+        order = np.lexsort((np.broadcast_to(np.arange(E), (n, E)), after, -gain), axis=1)
         rank = np.empty_like(order)  # the inverse permutation of each row: a scatter, cheaper than argsort
         np.put_along_axis(rank, order, np.arange(E)[None, :], axis=1)
         keys = nxt * E + rank
@@ -271,15 +286,16 @@ class Oracle(Policy):
             kth = np.partition(keys, cap - 1, axis=1)[:, cap - 1:cap] if cap > 0 else -1
         return (keys <= kth) & (keys < self.never)
 
-    def _gain(self, nxt: np.ndarray) -> np.ndarray:
-        """float [L, E]: what running each expert on the device instead of the host saves its layer at its next
-        use, the layer's other experts on the host (0 without costs). Concurrent: the host's share shrinks even
-        when the expert alone is slower on the device, so the saving is (H + x) - max(d, H - h + x')."""
+    def _gain(self, nxt: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """float [len(rows), E]: what running each expert of layers `rows` (default all) on the device instead of
+        the host saves its layer at its next use (`nxt`), the layer's other experts on the host (0 without costs).
+        Concurrent: the host's share shrinks even when the expert alone is slower on the device, so the saving
+        is (H + x) - max(d, H - h + x')."""
         if self.dev_cost is None or self.host_cost is None:
             return np.zeros(nxt.shape)
-        L, E = nxt.shape
+        L, E = self.next_step.shape[1], nxt.shape[1]
         step = np.minimum(nxt // L, len(self.counts) - 1)
-        layer = np.arange(L)[:, None]
+        layer = (np.arange(L) if rows is None else rows)[:, None]
         c = self.counts[step, layer, np.arange(E)[None, :]]
         d, h = self.dev_cost[c], self.host_cost[c]
         x = self.hidden[step] if self.hidden is not None else np.zeros(nxt.shape)

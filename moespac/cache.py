@@ -296,10 +296,20 @@ class PrefetchQueue:
         if not requests:
             return
         with self._cv:
+            gen, live, seq, heap = self._gen, self._live, self._seq, self._heap
+            entries = []
             for r in requests:
-                gen = self._gen.get(r.layer, 0)
-                heapq.heappush(self._heap, (-float(r.priority), next(self._seq), gen, r))
-                self._live[r.layer] = self._live.get(r.layer, 0) + 1
+                layer = r.layer
+                entries.append((-float(r.priority), next(seq), layer, gen.get(layer, 0), r))
+                live[layer] = live.get(layer, 0) + 1
+            # (priority, seq) is unique, so every heap of these entries pops in one order: a batch as large
+            # as the heap is cheaper heapified at once than pushed one by one
+            if len(entries) > 16 and 2 * len(entries) > len(heap):
+                heap.extend(entries)
+                heapq.heapify(heap)
+            else:
+                for x in entries:
+                    heapq.heappush(heap, x)
             self._cv.notify_all()
 
     def drop_layer(self, layer: int) -> int:
@@ -308,10 +318,11 @@ class PrefetchQueue:
             return 0
         with self._cv:
             n = self._live.pop(layer, 0)
-            self._gen[layer] = self._gen.get(layer, 0) + 1
+            gen = self._gen
+            gen[layer] = gen.get(layer, 0) + 1
             if len(self._heap) > 64 and len(self._heap) > 4 * sum(self._live.values()):
                 # mostly dropped entries: keep the live ones. The order stands, (priority, seq) being unique
-                self._heap = [x for x in self._heap if x[2] == self._gen.get(x[3].layer, 0)]
+                self._heap = [x for x in self._heap if x[3] == gen.get(x[2], 0)]
                 heapq.heapify(self._heap)
             return n
 
@@ -321,11 +332,11 @@ class PrefetchQueue:
         with self._cv:
             while True:
                 while self._heap:
-                    _, _, gen, r = heapq.heappop(self._heap)
-                    if gen == self._gen.get(r.layer, 0):
-                        self._live[r.layer] -= 1
-                        if not self._live[r.layer]:
-                            del self._live[r.layer]
+                    _, _, layer, gen, r = heapq.heappop(self._heap)
+                    if gen == self._gen.get(layer, 0):
+                        self._live[layer] -= 1
+                        if not self._live[layer]:
+                            del self._live[layer]
                         return r
                 if not block or self._closed:
                     return None
