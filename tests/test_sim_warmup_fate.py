@@ -147,7 +147,20 @@ def int4_reference(w: np.ndarray) -> np.ndarray:
 def test_int4_pack_round_trip_odd_sizes():
     w = torch.randn(3, 5, dtype=torch.float64)
     codes, scale = int4_pack(w)
-    assert codes.dtype == torch.uint8 and codes.numel() == 8 and scale.shape == (3, 1)  # 15 codes, two a byte
+    assert codes.dtype == torch.uint8 and codes.numel() == 8 and scale.shape == (3, 1, 1)  # 15 codes, two a byte
+    assert np.array_equal(int4_unpack(codes, scale, w.shape).numpy(), int4_reference(w.numpy()))
+
+
+def test_int4_pack_groups_of_columns():
+    """group=4 over 8 columns: each half-row is its own per-row problem; a group that does not divide the row
+    falls back to one scale per row."""
+    w = torch.randn(3, 8, dtype=torch.float32)
+    codes, scale = int4_pack(w, group=4)
+    assert scale.shape == (3, 2, 1)
+    halves = np.concatenate([int4_reference(w[:, :4].numpy()), int4_reference(w[:, 4:].numpy())], axis=1)
+    assert np.array_equal(int4_unpack(codes, scale, w.shape).numpy(), halves)
+    codes, scale = int4_pack(w, group=3)
+    assert scale.shape == (3, 1, 1)
     assert np.array_equal(int4_unpack(codes, scale, w.shape).numpy(), int4_reference(w.numpy()))
 
 

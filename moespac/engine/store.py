@@ -25,19 +25,28 @@ from moespac.errors import MoespacError
 ALIGN = 256  # bytes: each tensor of a host block starts on a boundary that every matmul kernel accepts
 
 
-def int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-row symmetric 4-bit [rows, cols] -> (uint8 codes, two a byte, row-major; float32 scales [rows, 1])."""
-    scale = w.abs().amax(dim=-1, keepdim=True).float() / 7
+def int4_pack(w: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric 4-bit [..., rows, cols] -> (uint8 codes [..., ceil(rows * cols / 2)], two a byte, row-major per
+    matrix; float32 scales [..., rows, groups, 1]): one scale per `group` consecutive columns of a row (None, or
+    a group that does not divide the row: one per row, Fate's copies; 128: GPTQ's usual group size, MoE-SpeQ's
+    draft experts). Leading dims are independent matrices (a layer's experts at once)."""
+    *lead, rows, cols = w.shape
+    g = group if group and cols % group == 0 else cols
+    x = w.float().reshape(*lead, rows, cols // g, g)
+    scale = x.abs().amax(dim=-1, keepdim=True) / 7
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = ((w.float() / scale).round().clamp(-8, 7) + 8).to(torch.uint8).flatten()
-    q = torch.cat([q, q.new_zeros(q.numel() % 2)])
-    return q[0::2] | (q[1::2] << 4), scale
+    q = ((x / scale).round().clamp(-8, 7) + 8).to(torch.uint8).reshape(*lead, rows * cols)
+    if (rows * cols) % 2:
+        q = torch.cat([q, q.new_zeros(*lead, 1)], dim=-1)
+    return q[..., 0::2] | (q[..., 1::2] << 4), scale
 
 
 def int4_unpack(packed: torch.Tensor, scale: torch.Tensor, shape) -> torch.Tensor:
-    """Inverse of int4_pack: float32 [rows, cols] = code x row scale."""
-    q = torch.stack([packed & 15, packed >> 4], dim=-1).flatten()[:shape[0] * shape[1]]
-    return (q.float() - 8).view(shape) * scale
+    """Inverse of int4_pack: float32 [..., rows, cols] = code x its group's scale (`shape`: rows, cols last)."""
+    rows, cols = shape[-2:]
+    lead = packed.shape[:-1]
+    q = torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2)[..., :rows * cols]
+    return ((q.float() - 8).view(*lead, rows, scale.shape[-2], -1) * scale).view(*lead, rows, cols)
 
 
 def _round_up(n: int) -> int:
