@@ -34,6 +34,8 @@ from moespac.errors import MoespacError
 SIGNALS = {
     "draft": "speculative decoding with a draft model (verify batches of gamma+1 tokens)",
     "cross_layer_topk": "for layer l, the top-k that layer l+1's router gives on layer l's input hidden state",
+    "self_draft_topk": "for each verify token, the top-k of the target's own router when the target runs with INT4 "
+                       "experts over the drafted tokens (MoE-SpeQ's self-draft lookahead; -1 where it has none)",
     "warmup_counts": "activation counts [L, E] of a warm-up window (static placements)",
     "future": "the whole request's routing ahead of time (only the simulator has it: offline oracle)",
 }
@@ -114,7 +116,8 @@ class StepInfo:
     gamma: int = 0
     """Drafted tokens per sequence in this step."""
     signals: dict = field(default_factory=dict)
-    """Per-step signals, e.g. 'cross_layer_topk': int [L, num_tokens, k] (-1 where undefined)."""
+    """Per-step signals, e.g. 'cross_layer_topk' or 'self_draft_topk': int [L, num_tokens, k] (-1 where
+    undefined)."""
 
 
 @dataclass

@@ -44,6 +44,10 @@ class Trace:
     topk_ids: np.ndarray  # int16 [N, L, k]
     topk_weights: np.ndarray  # float16 [N, L, k]
     cross_topk: np.ndarray | None = None  # int16 [N, L, k]; layer l+1's router on layer l's input; -1 at the last layer
+    self_draft_topk: np.ndarray | None = None
+    """int16 [N, L, k]: the routing of the target with INT4 experts over the drafted tokens (MoE-SpeQ's
+    self-draft lookahead, moespac.engine.selfdraft); -1 on rows the self-draft never runs (prefill, AR, the
+    last drafted token of each sequence)."""
     _offsets: np.ndarray | None = field(default=None, repr=False)
     _counts: np.ndarray | None = field(default=None, repr=False)
 
@@ -67,10 +71,16 @@ class Trace:
         return self.topk_ids[o[s]:o[s + 1]]
 
     def step_cross(self, s: int) -> np.ndarray | None:
-        if self.cross_topk is None:
+        return self._step_rows(self.cross_topk, s)
+
+    def step_self_draft(self, s: int) -> np.ndarray | None:
+        return self._step_rows(self.self_draft_topk, s)
+
+    def _step_rows(self, rows: np.ndarray | None, s: int) -> np.ndarray | None:
+        if rows is None:
             return None
         o = self.offsets()
-        return self.cross_topk[o[s]:o[s + 1]]
+        return rows[o[s]:o[s + 1]]
 
     def counts(self) -> np.ndarray:
         """Activation counts (routing entries naming each expert) of every step: int32 [S, L, E], computed once
@@ -99,6 +109,8 @@ class Trace:
             out.add("draft")
         if self.cross_topk is not None:
             out.add("cross_layer_topk")
+        if self.self_draft_topk is not None:
+            out.add("self_draft_topk")
         return frozenset(out)
 
     def trace_id(self) -> str:
@@ -127,8 +139,10 @@ class Trace:
             raise MoespacError(f"{where}: topk_ids shape {self.topk_ids.shape}, expected {shape} (truncated?)")
         if self.topk_weights.shape != shape:
             raise MoespacError(f"{where}: topk_weights shape {self.topk_weights.shape}, expected {shape}")
-        if self.cross_topk is not None and self.cross_topk.shape != shape:
-            raise MoespacError(f"{where}: cross_topk shape {self.cross_topk.shape}, expected {shape}")
+        for name in ("cross_topk", "self_draft_topk"):
+            rows = getattr(self, name)
+            if rows is not None and rows.shape != shape:
+                raise MoespacError(f"{where}: {name} shape {rows.shape}, expected {shape}")
         if N and (self.topk_ids.min() < 0 or self.topk_ids.max() >= topo.num_experts):
             raise MoespacError(f"{where}: expert id outside [0, {topo.num_experts})")
         batch = int(m.get("batch_size", 1))
@@ -143,8 +157,9 @@ class Trace:
         arrays = dict(self.steps)
         arrays["topk_ids"] = self.topk_ids.astype(np.int16)
         arrays["topk_weights"] = self.topk_weights.astype(np.float16)
-        if self.cross_topk is not None:
-            arrays["cross_topk"] = self.cross_topk.astype(np.int16)
+        for name in ("cross_topk", "self_draft_topk"):
+            if getattr(self, name) is not None:
+                arrays[name] = getattr(self, name).astype(np.int16)
         meta = dict(self.meta, schema_version=SCHEMA_VERSION)
         arrays["meta"] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
         with atomic_path(path) as tmp:
@@ -180,7 +195,7 @@ def load_trace(path: str | Path) -> Trace:
         raise MoespacError(f"trace {path}: missing arrays {missing}")
     steps = {k: data[k].astype(_STEP_ARRAYS[k]) for k in _STEP_ARRAYS}
     return Trace(meta=meta, steps=steps, topk_ids=data["topk_ids"], topk_weights=data["topk_weights"],
-                 cross_topk=data.get("cross_topk")).validate(f"trace {path}")
+                 cross_topk=data.get("cross_topk"), self_draft_topk=data.get("self_draft_topk")).validate(f"trace {path}")
 
 
 def _host(x) -> np.ndarray:
@@ -192,21 +207,31 @@ def _host(x) -> np.ndarray:
 class TraceRecorder:
     """Collects steps while the engine runs; `finish()` returns a validated Trace."""
 
-    def __init__(self, topology: Topology, model_spec: dict, meta: dict | None = None, cross_layer: bool = True):
+    def __init__(self, topology: Topology, model_spec: dict, meta: dict | None = None, cross_layer: bool = True,
+                 self_draft: bool = False):
         self.topology = topology
         self.meta = dict(meta or {}, topology=topology.__dict__, model_spec=model_spec)
         self.cross_layer = cross_layer
+        self.self_draft = self_draft
+        """Keep the self-draft lookahead routing of verify steps (the engine runs that pass when it is set)."""
         self.steps: dict[str, list] = {k: [] for k in _STEP_ARRAYS}
         self._ids: list[np.ndarray] = []
         self._w: list[np.ndarray] = []
         self._cross: list[np.ndarray] = []
+        self._self_draft: list[np.ndarray] = []
         self._cur: dict | None = None
 
     def begin(self, kind: str, request: int, num_tokens: int, gamma: int = 0) -> None:
         L, k = self.topology.num_layers, self.topology.top_k
         self._cur = dict(kind=KINDS.index(kind), request=request, tokens=num_tokens, gamma=gamma,
                          ids=np.full((num_tokens, L, k), -1, np.int16), w=np.zeros((num_tokens, L, k), np.float16),
-                         cross=np.full((num_tokens, L, k), -1, np.int16), pending=[])
+                         cross=np.full((num_tokens, L, k), -1, np.int16), pending=[],
+                         self_draft=np.full((num_tokens, L, k), -1, np.int16))
+
+    def lookahead(self, ids: np.ndarray) -> None:
+        """This step's self-draft lookahead routing, int [L, num_tokens, k] (-1 where it has none)."""
+        if self._cur is not None:
+            self._cur["self_draft"][:] = np.asarray(ids).transpose(1, 0, 2)
 
     def layer(self, layer: int, ids: np.ndarray, weights, cross=None) -> None:
         """One layer's routing. weights / cross may be device tensors: they are read once, at end()."""
@@ -230,6 +255,7 @@ class TraceRecorder:
         self._ids.append(c["ids"])
         self._w.append(c["w"])
         self._cross.append(c["cross"])
+        self._self_draft.append(c["self_draft"])
 
     def finish(self, **extra_meta) -> Trace:
         L, k = self.topology.num_layers, self.topology.top_k
@@ -237,4 +263,5 @@ class TraceRecorder:
         steps = {n: np.asarray(v, dtype=_STEP_ARRAYS[n]) for n, v in self.steps.items()}
         meta = dict(self.meta, **extra_meta, schema_version=SCHEMA_VERSION)
         return Trace(meta=meta, steps=steps, topk_ids=cat(self._ids, np.int16), topk_weights=cat(self._w, np.float16),
-                     cross_topk=cat(self._cross, np.int16) if self.cross_layer else None).validate()
+                     cross_topk=cat(self._cross, np.int16) if self.cross_layer else None,
+                     self_draft_topk=cat(self._self_draft, np.int16) if self.self_draft else None).validate()

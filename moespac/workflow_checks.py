@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from moespac.catalogue import get_method
 from moespac.errors import MoespacError, check_context
+from moespac.policy import SIGNALS
+
+ENGINE_ONLY_SIGNALS = ("cross_layer_topk", "self_draft_topk")
+"""Signals only the engine records (a router evaluation or a pass the serving stacks' routing logs do not have)."""
+
 
 def _benchmark_names() -> set[str]:
     from moespac.datasets import BENCHMARKS
@@ -17,16 +22,29 @@ MICRO_CONTEXT = 4096
 """max_position_embeddings of every micro pair (moespac.models.micro; read there without importing transformers)."""
 
 
+def built_config(pair: dict):
+    """The proxy config (with its build_set overrides) of a pair the pipeline trains; None for any other pair."""
+    if "build" not in pair:
+        return None
+    from moespac.models.proxy_config import get_config
+
+    return get_config(pair["build"], dict(kv.split("=", 1) for kv in pair.get("build_set", [])))
+
+
 def pair_shape(pair: dict) -> tuple[int | None, int] | None:
     """(MoE layers or None, context) of a pair the pipeline builds; None for a hub pair (known once downloaded)."""
     if "build" in pair:
-        from moespac.models.proxy_config import get_config
-
-        c = get_config(pair["build"], dict(kv.split("=", 1) for kv in pair.get("build_set", [])))
+        c = built_config(pair)
         return c.layers, c.context
     if "micro" in pair:
         return None, MICRO_CONTEXT
     return None
+
+
+def pair_routing(pair: dict) -> tuple[int, int] | None:
+    """(routed experts per layer, top-k) of a pair the pipeline trains; None for any other pair."""
+    c = built_config(pair)
+    return None if c is None else (c.experts, c.top_k)
 
 
 def check_limits(config: dict) -> None:
@@ -106,10 +124,10 @@ def check_imported(config: dict) -> None:
     sections += [("whatif.locality.methods", wi["methods"])] if wi["activate"] else []
     for key, methods in sections:
         for m in methods:
-            needs = [s for s in make_policy(get_method(m).policy).requires if s == "cross_layer_topk"]
+            needs = [s for s in make_policy(get_method(m).policy).requires if s in ENGINE_ONLY_SIGNALS]
             if needs:
-                raise MoespacError(f"config key '{key}': method {m!r} reads the next layer's router predictions "
-                                   f"('cross_layer_topk'), which imported routing (simulation.pair {sim!r}) lacks")
+                raise MoespacError(f"config key '{key}': method {m!r} reads {needs[0]!r} ({SIGNALS[needs[0]]}), "
+                                   f"which imported routing (simulation.pair {sim!r}) lacks")
 
 
 def check_names(config: dict) -> None:

@@ -369,7 +369,7 @@ def test_sp_moe_prefetches_up_to_the_cutoff_layer_during_drafting():
 
 def test_moe_speq_phases():
     ctx = context(2, 4, 1, 8, signals=["draft"], costs=UnitCosts(t_io=1.0, t_draft=1.0))
-    policy = MoESpeQ()
+    policy = MoESpeQ(elb="previous")  # the buffer is the previous forward's routing
     policy.reset(ctx)
     cache = ExpertCache(ctx.topology, 8)
     prev = counts_of(2, 4, {0: {0: 3, 1: 1}, 1: {2: 2, 3: 2}})  # 4 tokens: confidences .75 .25 | .5 .5
@@ -384,6 +384,27 @@ def test_moe_speq_phases():
     mask[1, 2] = True
     cache.place(mask)  # phase I: (1, 2) is already resident, so the budget goes further down the buffer
     assert [(r.layer, r.expert) for r in policy.begin_step(verify, cache)] == [(0, 0), (1, 3)]
+
+
+def test_moe_speq_reads_the_self_draft_buffer_not_the_previous_forward():
+    """The ELB is the self-draft's routing of this step's drafted tokens (rows of -1: tokens it never ran),
+    whatever the previous forward routed; without the signal the policy refuses to start."""
+    ctx = context(2, 4, 1, 8, signals=["draft", "self_draft_topk"], costs=UnitCosts(t_io=1.0, t_draft=1.0))
+    policy = MoESpeQ()
+    policy.reset(ctx)
+    cache = ExpertCache(ctx.topology, 8)
+    prev = counts_of(2, 4, {0: {0: 3}, 1: {2: 3}})
+    for layer in range(2):
+        policy.plan_layer(layer, prev[layer], cache)
+    # 3 verify rows: the self-draft ran the first two (layer 0 -> 1, 1; layer 1 -> 3, 0), not the last
+    elb = np.array([[[1], [1], [-1]], [[3], [0], [-1]]])
+    verify = step(1, "verify", 3, gamma=2, self_draft_topk=elb)  # T_draft = 2 -> two copies
+    assert [(r.layer, r.expert, r.priority) for r in policy.begin_step(verify, cache)] == [(0, 1, 1.0), (1, 0, 0.5)]
+    assert MoESpeQ(elb="previous").requires == () and MoESpeQ.requires == ("self_draft_topk",)
+    with pytest.raises(MoespacError, match="'self_draft_topk'"):
+        MoESpeQ().reset(context(2, 4, 1, 8, signals=["draft"]))
+    with pytest.raises(MoespacError, match="elb 'draft'"):
+        MoESpeQ(elb="draft")
 
 
 # -- every policy ------------------------------------------------------------------------------------
@@ -416,7 +437,7 @@ def test_missing_signals_fail_in_reset_naming_the_signal():
             with pytest.raises(MoespacError, match=f"'{signal}'"):
                 policy.reset(ctx)
             checked += 1
-    assert checked == 6  # llamacpp-sd, sp-moe, moe-speq (draft); fiddler (warmup); fate, specexp (cross)
+    assert checked == 7  # llamacpp-sd, sp-moe, moe-speq (draft); fiddler (warmup); fate, specexp (cross); moe-speq (self-draft)
     with pytest.raises(MoespacError, match="'warmup_counts'"):
         make_policy("ktransformers:strategy=frequency").reset(context(2, 4, 1, 4))
 

@@ -14,6 +14,7 @@ from moespac.cli import main
 from moespac.errors import MoespacError
 from moespac.registry import make_policy, policies
 from moespac.sim.simulate import SimConfig, simulate
+from moespac.workflow_checks import ENGINE_ONLY_SIGNALS
 from moespac.trace import load_trace
 
 
@@ -312,8 +313,9 @@ def test_imported_trace_replays_through_every_policy(imported, name):
     t = load_trace(imported)
     assert t.signals() == {"draft"}  # no cross-layer router predictions in served routing
     cfg = SimConfig(imported, name, "rtx4090-pcie4", cache_ratio=0.25, bounds=False)
-    if "cross_layer_topk" in make_policy(name).requires:
-        with pytest.raises(MoespacError, match="needs signal 'cross_layer_topk'"):
+    missing = [s for s in make_policy(name).requires if s in ENGINE_ONLY_SIGNALS]
+    if missing:
+        with pytest.raises(MoespacError, match=f"needs signal '{missing[0]}'"):
             simulate(cfg, t)
         return
     rec = simulate(cfg, t)
@@ -324,5 +326,6 @@ def test_imported_trace_replays_through_every_policy(imported, name):
 
 
 def test_some_policies_need_what_an_import_lacks():
-    """The refusal branch above is exercised: the registry holds policies that read cross-layer predictions."""
-    assert any("cross_layer_topk" in make_policy(n).requires for n in policies())
+    """The refusal branch above is exercised for each signal a serving stack's routing lacks."""
+    for signal in ENGINE_ONLY_SIGNALS:
+        assert any(signal in make_policy(n).requires for n in policies()), signal

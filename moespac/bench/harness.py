@@ -74,6 +74,11 @@ class BenchConfig(CacheSize):
     """'all' turns of multi-turn prompts (MT-bench; later turns follow the model's answers) or the 'first'."""
     copy_mode: str = "async"
     """Prefetch copies on a worker thread ('async') or at the end of the asking layer ('sync')."""
+    self_draft_lookahead: bool = False
+    """Speculative runs: also run the target with INT4 experts over each step's drafted tokens and keep its
+    routing in the trace (signal 'self_draft_topk', MoE-SpeQ's lookahead); one more target pass per verify
+    step, timed apart (lookahead_s) and left out of decode time. A policy that reads the signal (moe-speq)
+    gets the pass without this flag."""
     dtype: str = "auto"
     """Model dtype: auto, fp32, bf16, fp16 or fp64."""
     device: str | None = None
@@ -121,6 +126,9 @@ class BenchConfig(CacheSize):
             (self.temperature >= 0, f"temperature {self.temperature} must be >= 0"),
             (self.source in datasets.SOURCES, f"source {self.source!r}: one of {', '.join(datasets.SOURCES)}"),
             (self.turns in TURNS, f"turns {self.turns!r}: one of {', '.join(TURNS)}"),
+            (not self.self_draft_lookahead or (self.timing == "measured" and self.speculative),
+             "self_draft_lookahead needs a measured speculative run (a draft and gamma >= 1): it records the "
+             "self-draft's routing of the drafted tokens"),
         ]
         for ok, message in checks:
             if not ok:
@@ -208,6 +216,8 @@ def prepare(cfg: BenchConfig) -> Prepared:
         check_method(cfg.method, cfg.policy, int(tcfg["gamma"]) > 0)
     if cfg.timing == "measured":
         config.update(copy_mode=cfg.copy_mode, device=resolve_device(cfg.device), warmup=cfg.warmup)
+        if cfg.self_draft_lookahead:  # named only when set: records of runs without it keep their hashes
+            config["self_draft_lookahead"] = True
     else:
         config.update(hardware=profile.name, hardware_sha256=profile.sha256, model_spec=cfg.model_spec,
                       draft_spec=cfg.draft_spec, allow_topology_mismatch=cfg.allow_topology_mismatch,
@@ -343,6 +353,8 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
             results, stats = call([ids for _, ids in pending], len(calls))
             calls.append(dict(call=len(calls), size=len(pending), prefill_s=results[0].prefill_s,
                               decode_s=results[0].decode_s, draft_s=results[0].draft_s, target_s=results[0].target_s,
+                              # the self-draft pass ran (the trace keeps it, or the policy reads it): its time
+                              **({"lookahead_s": results[0].lookahead_s} if results[0].lookahead_s else {}),
                               counters={k: int(stats[k]) for k in COUNTERS}))
             for (p, _), r in zip(pending, results):
                 rows.append(dict(id=p.id if turn == 1 else f"{p.id}#{turn}", prompt_id=p.id, turn=turn,
@@ -374,7 +386,7 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
             warm[0], warmup = warmup_window(seen.counts(), seen.steps["step_request"])
             warmup = dict(warmup, source=source, prompts=list(dict.fromkeys(used)))
         session.record(spec, meta=dict(target=prep.target, draft=prep.draft, gamma=gamma, batch_size=cfg.batch_size,
-                                       policy=engine_policy))
+                                       policy=engine_policy), self_draft=cfg.self_draft_lookahead)
         with tqdm(total=len(items), unit="prompt", desc=f"bench {tcfg['benchmark']}", leave=False,
                   disable=not progress, file=sys.stderr, mininterval=1.0) as bar:
             for start in range(0, len(items), cfg.batch_size):

@@ -27,7 +27,7 @@ def register(sub) -> None:
     # flags of BenchConfig's fields: its docstrings are their help, its defaults theirs (moespac/configargs.py)
     g = p.add_argument_group("protocol")
     add_field_args(g, BenchConfig, "benchmark", "source", "limit", "turns", "batch_size", "max_new_tokens",
-                   "ignore_eos", "temperature", "warmup", "seed",
+                   "ignore_eos", "temperature", "warmup", "seed", "self_draft_lookahead",
                    source=dict(choices=SOURCES), turns=dict(choices=TURNS), limit=dict(metavar="N"),
                    temperature=dict(type=finite))
     t = p.add_argument_group("timing")

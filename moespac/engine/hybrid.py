@@ -28,6 +28,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterfac
 from moespac.cache import CacheSize, ExpertCache, PrefetchQueue
 from moespac.engine.device import COMPUTE, Device
 from moespac.engine.kernels import grouped_experts, grouped_mm_supported
+from moespac.engine.selfdraft import SelfDraftExperts
 from moespac.engine.store import ExpertStore
 from moespac.errors import MoespacError
 from moespac.models.experts import experts_per_token, find_experts
@@ -99,6 +100,8 @@ class HybridRuntime:
         self._issuing: int | None = None  # layer whose prefetch the worker is issuing outside the lock
         self.recorder: TraceRecorder | None = None
         self.step: StepInfo | None = None
+        self._self_draft: SelfDraftExperts | None = None  # built on the first lookahead pass
+        self._lookahead_ids: dict[int, np.ndarray] | None = None  # set while a lookahead pass runs
         self._prev_impl = model.config._experts_implementation
         self.grouped = grouped_mm_supported(self.device.torch_device, self.store.dtype)
         self.host_grouped = grouped_mm_supported(torch.device("cpu"), self.store.dtype)
@@ -146,6 +149,8 @@ class HybridRuntime:
             self.cache = ExpertCache(self.topology, self.cache.capacity, self.cache.per_layer_capacity,
                                      expert_bytes=self.store.copy_bytes)
             sig = set(signals) | {"cross_layer_topk"} if self.config.trace_cross_layer else set(signals)
+            if "draft" in sig:  # a speculative run can always make the self-draft lookahead pass
+                sig.add("self_draft_topk")
             if warmup_counts is not None:
                 sig.add("warmup_counts")
             ctx = PolicyContext(self.topology, self.cache.capacity, self.cache.per_layer_capacity, gamma=gamma,
@@ -163,6 +168,8 @@ class HybridRuntime:
         self.step = step
         if self.recorder is not None:
             self.recorder.begin(step.kind, step.signals.get("request", 0), step.num_tokens, step.gamma)
+            if "self_draft_topk" in step.signals:
+                self.recorder.lookahead(step.signals["self_draft_topk"])
         with self.cv:
             self._push(self.policy.begin_step(step, self.cache))
 
@@ -171,6 +178,26 @@ class HybridRuntime:
             self._push(self.policy.end_step(self.step, self.cache))
         if self.recorder is not None:
             self.recorder.end(accepted, emitted)
+
+    @property
+    def wants_lookahead(self) -> bool:
+        """Whether verify steps need the self-draft lookahead pass: the policy reads it, or the trace keeps it."""
+        return "self_draft_topk" in self.policy.requires or (self.recorder is not None and self.recorder.self_draft)
+
+    def lookahead(self, forward) -> np.ndarray:
+        """The routing of `forward()`, a target pass over drafted tokens, with every routed expert through INT4
+        (MoE-SpeQ's self-draft, moespac.engine.selfdraft): int [L, tokens, k]. The pass runs outside the cache,
+        the policy, the counters and the trace; its experts are dequantised on the host and run on the device
+        (on a GPU that is a copy of every expert it routes to: a recording instrument, not a fast path)."""
+        if self._self_draft is None:
+            self._self_draft = SelfDraftExperts(self.store)
+        self._lookahead_ids = {}
+        try:
+            forward()
+            ids = self._lookahead_ids
+        finally:
+            self._lookahead_ids = None
+        return np.stack([ids[layer] for layer in range(self.topology.num_layers)])
 
     def close(self) -> None:
         """Stop the copy worker and give the model back as it came: its experts in place, on its device."""
@@ -246,6 +273,8 @@ class HybridRuntime:
         return dict(self.phases)
 
     def layer_forward(self, layer: int, module, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
+        if self._lookahead_ids is not None:
+            return self._lookahead_layer(layer, module, hidden, ids, weights)
         with self._phase("moe layers"):
             return self._layer(layer, module, hidden, ids, weights)
 
@@ -301,7 +330,6 @@ class HybridRuntime:
         token are summed in a fixed order, so where an expert ran never changes the numbers."""
         dev, store = self.device, self.store
         lay = store.layouts[layer]
-        H = hidden.shape[-1]
         dev_row = on_device[flat]
         # rows sorted by group: device rows by slot first, then host rows by expert (stable: token order kept)
         key = np.where(dev_row, slot_of[flat], store.capacity + flat)
@@ -333,11 +361,20 @@ class HybridRuntime:
                 y = grouped_experts(module, lay, x_host, store.host[layer], np.where(on_device, 0, counts),
                                     self.host_grouped)
                 parts.append(self._rows_to_device(y))
-        rows = torch.cat(parts) if len(parts) > 1 else parts[0]
-        rows_out = torch.empty_like(rows)
-        rows_out[order_t] = rows
-        # the routing weight times each row, then the k rows of a token summed: transformers' own order and dtypes
-        return (rows_out * weights.reshape(-1, 1)).view(T, k, H).sum(dim=1).to(hidden.dtype)
+        return _combine(torch.cat(parts) if len(parts) > 1 else parts[0], order_t, weights, T, k, hidden.dtype)
+
+    def _lookahead_layer(self, layer, module, hidden, ids, weights):
+        """One layer of a lookahead pass: its routing kept, its experts run through INT4 in one grouped call."""
+        T, k = ids.shape
+        flat = self.device.to_host(ids.reshape(-1)).to(torch.int64).numpy()
+        self._lookahead_ids[layer] = flat.reshape(T, k)
+        experts, group = np.unique(flat, return_inverse=True)
+        order = np.argsort(group, kind="stable")
+        order_t = torch.from_numpy(order).to(hidden.device)
+        w = {n: t.to(hidden.device) for n, t in self._self_draft.weights(layer, experts).items()}
+        rows = grouped_experts(module, self.store.layouts[layer], hidden[order_t // k], w,
+                               np.bincount(group, minlength=len(experts)), self.grouped)
+        return _combine(rows, order_t, weights, T, k, hidden.dtype)
 
     def _rows_to_host(self, x):
         """(host rows, the event after which they are there); on a CPU the rows are already on the host, and the
@@ -398,3 +435,11 @@ class HybridRuntime:
                  policy=self.policy.name, policy_stats=self.policy.describe())
         return d
 
+
+
+def _combine(rows: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, T: int, k: int, dtype) -> torch.Tensor:
+    """Expert rows sorted by group (rows[i] is routing row order[i]) -> the layer's output [T, H]: each row times
+    its routing weight, then the k rows of a token summed, in transformers' own order and dtypes."""
+    out = torch.empty_like(rows)
+    out[order] = rows
+    return (out * weights.reshape(-1, 1)).view(T, k, rows.shape[-1]).sum(dim=1).to(dtype)

@@ -153,11 +153,12 @@ class EngineSession:
                                              ignore_eos=ignore_eos, max_batch=max_batch or max(len(prompts), 1))
         return results, self.runtime.stats()
 
-    def record(self, model_spec: dict, meta: dict | None = None, cross_layer: bool = True):
+    def record(self, model_spec: dict, meta: dict | None = None, cross_layer: bool = True, self_draft: bool = False):
         """Start recording a trace of the following calls; `finish_trace()` returns it."""
         from moespac.trace import TraceRecorder
 
-        self.runtime.recorder = TraceRecorder(self.topology, model_spec, meta=meta, cross_layer=cross_layer)
+        self.runtime.recorder = TraceRecorder(self.topology, model_spec, meta=meta, cross_layer=cross_layer,
+                                              self_draft=self_draft)
         return self.runtime.recorder
 
     def finish_trace(self, **meta):

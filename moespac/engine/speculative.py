@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from moespac.engine.kvcache import CachedModel
@@ -93,6 +94,9 @@ class GenerationResult:
     decode_s: float = 0.0
     draft_s: float = 0.0
     target_s: float = 0.0
+    lookahead_s: float = 0.0
+    """Wall time of the self-draft lookahead passes (an instrument for MoE-SpeQ's signal, not part of decoding):
+    left out of decode_s."""
 
     @property
     def acceptance_rate(self) -> float:
@@ -108,6 +112,7 @@ class GenerationResult:
                     drafted=self.drafted, accepted=self.accepted, rejected=self.rejected,
                     acceptance_rate=self.acceptance_rate,
                     prefill_s=self.prefill_s, decode_s=self.decode_s, draft_s=self.draft_s, target_s=self.target_s,
+                    lookahead_s=self.lookahead_s,
                     tokens_per_second=self.tokens_per_second, latency_s=self.prefill_s + self.decode_s)
 
 
@@ -173,7 +178,7 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
     if runtime is not None:
         runtime.end_step(0, B)
 
-    t_start, step = time.perf_counter(), 0
+    t_start, step, lookahead_s = time.perf_counter(), 0, 0.0
     while True:
         keep_rows = [row for row, i in enumerate(live) if not finished(i)]
         if not keep_rows:
@@ -203,7 +208,8 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
                 runtime.end_step(0, n)
             continue
         width = max(map(len, tgt_pending))
-        if runtime is not None:
+        lookahead = runtime is not None and runtime.wants_lookahead
+        if runtime is not None and not lookahead:
             runtime.begin_step(info(step, "verify", n * (width + gamma), gamma))
         # draft phase: gamma tokens for every live sequence
         t1 = time.perf_counter()
@@ -220,6 +226,14 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
                     qs[row].append(q)
                     drafts[row].append(int(torch.multinomial(q, 1, generator=gen)))
         _sync(draft)
+        t_drafted = time.perf_counter()
+        if lookahead:  # the ELB needs the drafted tokens: this step begins once it is known (see self_draft_rows)
+            t_la = t_drafted
+            verify = info(step, "verify", n * (width + gamma), gamma)
+            verify.signals["self_draft_topk"] = self_draft_rows(runtime, tgt, tgt_pending, drafts, width + gamma)
+            _sync(target)
+            lookahead_s += time.perf_counter() - t_la
+            runtime.begin_step(verify)
         t2 = time.perf_counter()
         # verify phase: pending + gamma drafts of every sequence in one target forward
         tgt.checkpoint()
@@ -253,14 +267,34 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
         _sync(target)
         t3 = time.perf_counter()
         for i in live:
-            results[i].draft_s += t2 - t1
+            results[i].draft_s += t_drafted - t1
             results[i].target_s += t3 - t2
         if runtime is not None:
             runtime.end_step(accepted, emitted)
-    decode_s = time.perf_counter() - t_start
+    decode_s = time.perf_counter() - t_start - lookahead_s
     for r in results:
-        r.prefill_s, r.decode_s = prefill_s, decode_s
+        r.prefill_s, r.decode_s, r.lookahead_s = prefill_s, decode_s, lookahead_s
     return results
+
+
+def self_draft_rows(runtime, tgt: CachedModel, pending: list[list[int]], drafts: list[list[int]], width: int):
+    """MoE-SpeQ's lookahead for one verify step: the routing of the target with INT4 experts over the tokens a
+    self-draft would have run (each sequence's pending tokens and its drafts but the last, whose successor is
+    never drafted), on the target's KV cache, which is then put back as it was. int [L, rows, k] laid out like
+    the verify pass's rows (left-padded to `width` per sequence; a pass one column narrower lines up with it
+    column for column), -1 in each sequence's last column.
+
+    MoE-SpeQ fills its buffer token by token while it drafts; here it is known once the (dense) draft is done,
+    so a live engine begins the step after drafting, and the simulator hands it to the policy at the draft's
+    start (its copy budget is the draft's time either way)."""
+    before = tgt.lengths.tolist()
+    tgt.checkpoint()
+    ids = runtime.lookahead(lambda: tgt.forward([p + d[:-1] for p, d in zip(pending, drafts)]))
+    tgt.keep(before)
+    L, _, k = ids.shape
+    rows = np.full((L, len(pending), width, k), -1, dtype=np.int64)
+    rows[:, :, :width - 1] = ids.reshape(L, len(pending), width - 1, k)
+    return rows.reshape(L, -1, k)
 
 
 def generate(target, prompt: list[int], **kwargs) -> GenerationResult:

@@ -163,9 +163,9 @@ class Replay:
         steps = w.steps
         kind = w.trace.kind(s)
         signals = {"request": int(steps["step_request"][s])}
-        cross = w.step_cross(s)
-        if cross is not None:
-            signals["cross_layer_topk"] = cross
+        for name, rows in (("cross_layer_topk", w.step_cross(s)), ("self_draft_topk", w.step_self_draft(s))):
+            if rows is not None:
+                signals[name] = rows
         step = StepInfo(index=index, kind=kind, num_tokens=int(steps["step_tokens"][s]),
                         gamma=int(steps["step_gamma"][s]), signals=signals)
         now = self.now

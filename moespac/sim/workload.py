@@ -56,15 +56,22 @@ class Workload:
 
     def step_cross(self, s: int) -> np.ndarray | None:
         """Cross-layer top-k of step s as the policy expects it: int [L, tokens, k] (-1 = undefined)."""
-        cross = self.trace.step_cross(s)
-        if cross is None:
+        return self._per_layer(self.trace.step_cross(s))
+
+    def step_self_draft(self, s: int) -> np.ndarray | None:
+        """Self-draft lookahead routing of step s as the policy expects it: int [L, tokens, k] (-1 = none)."""
+        return self._per_layer(self.trace.step_self_draft(s))
+
+    def _per_layer(self, rows: np.ndarray | None) -> np.ndarray | None:
+        """Trace rows [tokens, L, k] of expert ids -> [L, tokens, k] on the spec's topology (mapped like the routing)."""
+        if rows is None:
             return None
-        cross = cross.transpose(1, 0, 2).astype(np.int64)
+        rows = rows.transpose(1, 0, 2).astype(np.int64)
         if self.mapping:
             L, E = self.topology.num_layers, self.topology.num_experts
-            cross = cross[np.arange(L) % cross.shape[0]]
-            cross = np.where(cross >= 0, cross % E, -1)
-        return cross
+            rows = rows[np.arange(L) % rows.shape[0]]
+            rows = np.where(rows >= 0, rows % E, -1)
+        return rows
 
 
 def topology_mismatch(trace: Trace, spec: ModelSpec) -> list[str]:

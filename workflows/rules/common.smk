@@ -95,6 +95,11 @@ def get_trace_command(wildcards, output):
             f" --policy all-host --cache-ratio 0 --gamma {wildcards.gamma} --batch-size {wildcards.batch}"
             f" --max-new-tokens {wildcards.tokens} {get_trace_limit(wildcards)} {get_prompt_args(wildcards)}"
             f" --warmup 0 --no-progress --trace {quote(output.trace)} --out {quote(output.record)}"
+            + "".join(
+                f" {flag}"
+                for signal, flag in RECORDED_ON_REQUEST.items()
+                if signal in SIGNALS_OF_TRACE.get(output.trace, ())
+            )
         )
     imp = p["imported"]
     limit = "" if SIM["limit"] is None else f" --limit {SIM['limit']}"
@@ -198,6 +203,10 @@ def sim_draft(method, draft=None):
 
 # simulated cell -> the trace it replays, as sim_cell built both (never parsed back out of the path)
 TRACE_OF_CELL = {}
+# trace -> the signals some cell replaying it needs beyond the routing (moespac.policy.SIGNALS)
+SIGNALS_OF_TRACE = {}
+# signals the recording run makes only when asked (one more target pass per verify step), and the flag
+RECORDED_ON_REQUEST = {"self_draft_topk": "--self-draft-lookahead"}
 
 
 def sim_cell(
@@ -231,6 +240,9 @@ def sim_cell(
         cache=fmt_ratio(SIM["cache_ratio"] if cache is None else cache),
     )
     TRACE_OF_CELL[path] = trace_file(pair, benchmark, g, batch, tokens)
+    SIGNALS_OF_TRACE.setdefault(TRACE_OF_CELL[path], set()).update(
+        make_policy(get_method(method).policy).requires
+    )
     return path
 
 
