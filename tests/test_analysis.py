@@ -180,6 +180,23 @@ def test_a_row_that_is_not_its_system_says_so(tmp_path):
         assert bench_row(measured)["note"] == note and bench_row(dict(measured, timing="simulated"))["note"] is None
 
 
+def test_a_stand_in_row_is_marked_and_says_what_stands_in_under_the_table():
+    """A row whose policy documents a stand-in (Policy.stand_in, as `moespac policy list` shows it) carries a †
+    and its text under the table; a policy that is its system's rule (LRU here) does not."""
+    from moespac.analysis.records import bench_row, stand_in_of
+    from moespac.registry import make_policy
+    from records import simulated_record
+
+    records = [simulated_record(method=m, policy=m, gamma=8) for m in ("sp-moe", "lru")]
+    df = pd.DataFrame([bench_row(r) for r in records]).reindex(columns=COLUMNS)
+    assert df["stand_in"].iloc[0] == make_policy("sp-moe").stand_in and df["stand_in"].isna().iloc[1]
+    assert stand_in_of("moe-speq:elb=previous") == make_policy("sp-moe").stand_in != stand_in_of("moe-speq")
+    _, blocks = tables.table1(df, ["gsm8k"])
+    assert [r[0] for r in blocks[0].rows[:2]] == ["SP-MoE†", "LRU (reference)"]
+    assert [n for n in blocks[0].notes if "†" in n] == [f"SP-MoE†: a stand-in, not all of its system "
+                                                       f"({make_policy('sp-moe').stand_in}; `moespac policy list`)"]
+
+
 def test_table3_says_how_each_trace_stands_for_its_model():
     """A 128-expert top-8 trace mapped onto a 256-expert model reaches half of its experts; onto a 64-expert
     top-6 one it is folded and routes top-8: the Model column says so in words."""

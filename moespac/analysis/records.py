@@ -6,6 +6,7 @@ hardware, the model that produced them) and the numbers (TPS, latency, acceptanc
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -21,7 +22,7 @@ COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "
            "max_new_tokens", "cache_ratio", "proxy_prompts", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
            "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
            "skipped", "skip_reason", "draft_charged", "note", "mapping", "tps_lo", "tps_hi", "latency_lo", "latency_hi",
-           "config_hash"]
+           "config_hash", "stand_in"]
 # a measured row of a baseline is our engine running that system's policy, not the system itself (that is a W row)
 ENGINE_NOTE = "this engine running its policy"
 
@@ -47,6 +48,20 @@ def label_of(method: str) -> str:
         return get_method(method).label
     except MoespacError:
         return method
+
+
+@functools.lru_cache(maxsize=None)
+def stand_in_of(spec: str | None) -> str | None:
+    """What a policy approximates of its system (Policy.stand_in, what `moespac policy list` shows), or None
+    for a policy that is its system's rule itself or a spec this checkout cannot build."""
+    from moespac.registry import make_policy
+
+    if not spec:
+        return None
+    try:
+        return make_policy(spec).stand_in or None
+    except MoespacError:
+        return None
 
 
 def read_json(path) -> dict:
@@ -111,7 +126,8 @@ def bench_row(rec: dict) -> dict:
         host_share=_num(m.get("host_share")), a_over_b=_num(cost.get("a_over_b")),
         a_over_b_per_token=_num(cost.get("per_token")), hot_cold_accuracy=_num(m.get("hot_cold_accuracy")),
         requests=m.get("requests"), skipped=False, skip_reason=None, draft_charged=draft_charged,
-        note=_bench_note(rec), mapping=(rec.get("simulation") or {}).get("topology_mapping"))
+        note=_bench_note(rec), mapping=(rec.get("simulation") or {}).get("topology_mapping"),
+        stand_in=stand_in_of(c["policy"]))
 
 
 def _bench_note(rec: dict) -> str | None:

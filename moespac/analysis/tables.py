@@ -64,11 +64,25 @@ def block_title(timing: str, hardware, model, rows: pd.DataFrame, beside_paper: 
     return title
 
 
+STAND_IN_MARK = "†"
+
+
 def shown(part: pd.DataFrame, label: str) -> str:
     """A row's name in a table: its label, and what the row is where that is not the label's system itself
-    (records.ENGINE_NOTE, a wrapped system that offloaded nothing)."""
-    notes = part.loc[part["label"] == label, "note"].dropna()
-    return f"{label} ({notes.iloc[0]})" if len(notes) else label
+    (records.ENGINE_NOTE, a wrapped system that offloaded nothing; a † where its policy is a documented
+    stand-in, explained under the table)."""
+    rows = part.loc[part["label"] == label]
+    notes = rows["note"].dropna()
+    mark = STAND_IN_MARK if "stand_in" in rows and rows["stand_in"].notna().any() else ""
+    return f"{label}{mark} ({notes.iloc[0]})" if len(notes) else f"{label}{mark}"
+
+
+def _stand_in_notes(part: pd.DataFrame) -> list[str]:
+    if "stand_in" not in part:
+        return []
+    marked = part.dropna(subset=["stand_in"]).groupby("label", sort=False)["stand_in"].first()
+    return [f"{label}{STAND_IN_MARK}: a stand-in, not all of its system ({text}; `moespac policy list`)"
+            for label, text in marked.items()]
 
 
 def _pivot(rows: pd.DataFrame, value: str, index: str, columns: str) -> pd.DataFrame:
@@ -163,7 +177,7 @@ def _skipped(part: pd.DataFrame) -> pd.Series:
 
 
 def _notes(part: pd.DataFrame) -> list[str]:
-    notes = []
+    notes = _stand_in_notes(part)
     skipped = part[_skipped(part)]
     for (label, reason), grp in skipped.groupby(["label", "skip_reason"], sort=False):
         notes.append(f"{label}: skipped, not run here on {', '.join(dict.fromkeys(grp['benchmark']))} ({reason})")
