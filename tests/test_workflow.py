@@ -53,7 +53,8 @@ def test_dry_run_of_the_shipped_configs(configfile, tmp_path):
     if configfile:  # the paper's models come from the hub; nothing is trained here
         assert counts["link_hub_pair"] == 2 and "build_proxy_pair" not in counts
     else:
-        assert counts["build_proxy_pair"] == 2 and counts["build_llamacpp"] == 1 and counts["bench_llamacpp"] == 14
+        # proxy, proxy-shape and Table 3's two other routing shapes (256 experts top-8, 64 top-6)
+        assert counts["build_proxy_pair"] == 4 and counts["build_llamacpp"] == 1 and counts["bench_llamacpp"] == 14
 
 
 def test_lint_is_clean():

@@ -101,7 +101,9 @@ def bench_row(rec: dict) -> dict:
     cost = m.get("expert_cost_ratio") or {}
     if rec["timing"] == "simulated":
         sim = rec.get("simulation") or {}
-        mapped = " (trace layers/experts mapped)" if sim.get("topology_mapping") else ""
+        mapping = sim.get("topology_mapping") or ""
+        mapped = (f" (trace {'layers/experts' if 'num_experts=' in mapping or 'top_k=' in mapping else 'layers'} mapped)"
+                  if mapping else "")  # what differs: topology_mismatch names each field
         charged = sim.get("draft") or {}
         draft = short(charged.get("spec"))
         draft_charged = f"{draft} ({charged.get('source') or '?'})" if draft else None
