@@ -436,7 +436,6 @@ class HybridRuntime:
         return d
 
 
-
 def _combine(rows: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, T: int, k: int, dtype) -> torch.Tensor:
     """Expert rows sorted by group (rows[i] is routing row order[i]) -> the layer's output [T, H]: each row times
     its routing weight, then the k rows of a token summed, in transformers' own order and dtypes."""
