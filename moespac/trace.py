@@ -24,6 +24,7 @@ from moespac.policy import Topology
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 also stored measured step times; they are ignored
 KINDS = ("prefill", "verify", "ar")
+OPTIONAL_ROWS = ("cross_topk", "self_draft_topk")  # per-row arrays a trace may lack, shaped like topk_ids
 
 _STEP_ARRAYS = {  # name -> dtype; one entry per step
     "step_kind": np.int8,  # index into KINDS
@@ -139,7 +140,7 @@ class Trace:
             raise MoespacError(f"{where}: topk_ids shape {self.topk_ids.shape}, expected {shape} (truncated?)")
         if self.topk_weights.shape != shape:
             raise MoespacError(f"{where}: topk_weights shape {self.topk_weights.shape}, expected {shape}")
-        for name in ("cross_topk", "self_draft_topk"):
+        for name in OPTIONAL_ROWS:
             rows = getattr(self, name)
             if rows is not None and rows.shape != shape:
                 raise MoespacError(f"{where}: {name} shape {rows.shape}, expected {shape}")
@@ -157,7 +158,7 @@ class Trace:
         arrays = dict(self.steps)
         arrays["topk_ids"] = self.topk_ids.astype(np.int16)
         arrays["topk_weights"] = self.topk_weights.astype(np.float16)
-        for name in ("cross_topk", "self_draft_topk"):
+        for name in OPTIONAL_ROWS:
             if getattr(self, name) is not None:
                 arrays[name] = getattr(self, name).astype(np.int16)
         meta = dict(self.meta, schema_version=SCHEMA_VERSION)
