@@ -77,3 +77,25 @@ def test_local_folders_plan_from_their_config(micro_dir):
     assert main(["plan", "--target", str(micro_dir / "target"), "--draft", str(micro_dir / "draft"), "--device", "cpu",
                  "--host-gib", "8"]) == 0
     assert main(["plan", "--target", str(micro_dir / "nothing")]) == 2
+
+
+def test_json_records_the_verdict_and_a_plan_that_does_not_fit_is_not_an_error(tmp_path, capsys, monkeypatch):
+    """The Table 3 checkpoint reads this file: a pair that does not fit is a verdict (exit 0, fits false, the
+    plan's one-line reason), a bad input is still an error that writes nothing."""
+    import json
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = ["plan", "--target", "Qwen/Qwen3-30B-A3B", "--draft", "Qwen/Qwen3-4B-FP8", "--gpu-gib", "24"]
+    small, big = tmp_path / "small.json", tmp_path / "big.json"
+    assert main(args + ["--host-gib", "32", "--json", str(small)]) == 0
+    v = json.loads(small.read_text())
+    assert v["fits"] is False and "host needs" in v["reason"] and v["host_gib"] == 32 and v["draft"] == "Qwen/Qwen3-4B-FP8"
+    assert main(args + ["--host-gib", "64", "--json", str(big)]) == 0
+    v = json.loads(big.read_text())
+    plan = plan_memory(model_shape(offline_config("Qwen/Qwen3-30B-A3B")), model_shape(offline_config("Qwen/Qwen3-4B-FP8")),
+                       device_gib=24, host_gib=64)
+    assert v["fits"] is True and v["reason"] is None and v["slots"] == plan.slots and v["total_slots"] == plan.total_slots
+    missing = tmp_path / "missing.json"
+    assert main(["plan", "--target", str(tmp_path / "nothing"), "--json", str(missing)]) == 2
+    assert not missing.exists()
+    assert main(args + ["--json", str(tmp_path)]) == 2 and "is a folder" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from moespac.commands._common import add_memory_args
+from moespac.atomic import write_json
+from moespac.commands._common import add_memory_args, check_output_paths
 from moespac.configargs import add_field_args
 from moespac.errors import MoespacError
 
@@ -19,23 +20,43 @@ def register(sub) -> None:
                    help="plan for a GPU run (default when --gpu-gib is given or CUDA is here) or a CPU run")
     add_field_args(p, EngineConfig, "context", "batch_size", "gamma", "trust_remote_code")
     add_memory_args(p)
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="also write the verdict as JSON (atomically); a plan that cannot fit is then recorded "
+                        "(fits: false, with the reason) and the command succeeds: the workflow's Table 3 checkpoint "
+                        "reads it to pick a model's own trace or its labelled fallback")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     import torch
 
+    from moespac.engine.plan import DoesNotFit
     from moespac.engine.session import EngineConfig, plan_for
 
+    check_output_paths(args, "json")
     device = args.device or ("cuda" if args.gpu_gib is not None or torch.cuda.is_available() else "cpu")
     if device == "cuda" and args.gpu_gib is None and not torch.cuda.is_available():
         raise MoespacError("--gpu-gib: give the GPU's memory (no CUDA device here to read it from)")
     cfg = EngineConfig(target=args.target, draft=args.draft, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
                        cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, gpu_gib=args.gpu_gib,
                        host_gib=args.host_gib, context=args.context, batch_size=args.batch_size, gamma=args.gamma)
-    plan = plan_for(cfg, device)  # a plan that cannot fit fails here, in one line
+    # None for a budget: this machine's own (the GPU's free memory, the host's RAM)
+    verdict = dict(target=args.target, draft=args.draft, device=device, gpu_gib=args.gpu_gib, host_gib=args.host_gib,
+                   cache_ratio=args.cache_ratio, batch_size=args.batch_size, gamma=args.gamma)
+    try:
+        plan = plan_for(cfg, device)  # a plan that cannot fit fails here, in one line
+    except DoesNotFit as e:
+        if not args.json:
+            raise
+        write_json(args.json, dict(verdict, fits=False, reason=str(e)))
+        print(f"does not fit: {e} (recorded in {args.json})")
+        return 0
     print(plan.render())
     print(f"fits: {plan.slots} expert slots, cache ratio {plan.cache_ratio:.3f}; host peak "
           f"{plan.host_peak / 2**30:.2f} GiB")
+    if args.json:
+        write_json(args.json, dict(verdict, fits=True, reason=None, slots=plan.slots, total_slots=plan.total_slots,
+                                   cache_ratio=plan.cache_ratio, device_total=plan.device_total,
+                                   host_peak=plan.host_peak))
     return 0
 

@@ -134,6 +134,10 @@ def model_shape(config, dtype: torch.dtype | None = None, name: str = "") -> Mod
                       top_k, ffn, nbytes)
 
 
+class DoesNotFit(MoespacError):
+    """The run cannot fit this machine's device or host memory (the plan's verdict, not a bad input)."""
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     target: ModelShape
@@ -222,24 +226,24 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_g
     need = sum(fixed.values())
     if device_budget is not None and need > device_budget:
         parts = ", ".join(f"{k} {_gib(v)}" for k, v in fixed.items())
-        raise MoespacError(f"memory plan: the device needs {_gib(need)} before any expert slot ({parts}), "
-                           f"{_gib(need - device_budget)} more than its {_gib(device_budget)}")
+        raise DoesNotFit(f"memory plan: the device needs {_gib(need)} before any expert slot ({parts}), "
+                     f"{_gib(need - device_budget)} more than its {_gib(device_budget)}")
     fit = total if device_budget is None else min(total, (device_budget - need) // max(target.expert_each, 1))
     slots = cache.requested_slots(total, target.expert_each)
     requested = (f"--cache-gib {cache.cache_gib:g}" if cache.cache_gib is not None else
                  f"--cache-ratio {cache.cache_ratio:g}" if cache.cache_ratio is not None else "chosen by the plan")
     slots = fit if slots is None else slots
     if slots > fit:
-        raise MoespacError(f"memory plan: {requested} asks for {slots} expert slots "
-                           f"({_gib(slots * target.expert_each)}), but {fit} fit the device next to the rest "
-                           f"({_gib(fit * target.expert_each)}, cache ratio {fit / total:.3f}); lower it, or omit "
-                           "it to let the plan choose")
+        raise DoesNotFit(f"memory plan: {requested} asks for {slots} expert slots "
+                         f"({_gib(slots * target.expert_each)}), but {fit} fit the device next to the rest "
+                         f"({_gib(fit * target.expert_each)}, cache ratio {fit / total:.3f}); lower it, or omit "
+                         "it to let the plan choose")
     plan = MemoryPlan(target, draft, device_budget if cuda else None, host_budget, context, batch, slots, requested,
                       fixed, host)
     if host_budget is not None:
         peak = plan.host_peak
         if peak > host_budget:
-            raise MoespacError(f"memory plan: the host needs {_gib(peak)} at its peak (the target as loaded "
-                               f"{_gib(target.weight_bytes)}, one layer's block {_gib(target.layer_block)}), "
-                               f"{_gib(peak - host_budget)} more than its {_gib(host_budget)}")
+            raise DoesNotFit(f"memory plan: the host needs {_gib(peak)} at its peak (the target as loaded "
+                             f"{_gib(target.weight_bytes)}, one layer's block {_gib(target.layer_block)}), "
+                             f"{_gib(peak - host_budget)} more than its {_gib(host_budget)}")
     return plan
