@@ -227,7 +227,7 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_g
     if device_budget is not None and need > device_budget:
         parts = ", ".join(f"{k} {_gib(v)}" for k, v in fixed.items())
         raise DoesNotFit(f"memory plan: the device needs {_gib(need)} before any expert slot ({parts}), "
-                     f"{_gib(need - device_budget)} more than its {_gib(device_budget)}")
+                         f"{_gib(need - device_budget)} more than its {_gib(device_budget)}")
     fit = total if device_budget is None else min(total, (device_budget - need) // max(target.expert_each, 1))
     slots = cache.requested_slots(total, target.expert_each)
     requested = (f"--cache-gib {cache.cache_gib:g}" if cache.cache_gib is not None else
