@@ -71,6 +71,7 @@ def check_limits(config: dict) -> None:
         raise MoespacError(f"engine.batch_size {engine['batch_size']} exceeds engine.limit {engine['limit']} "
                            "(the prompts drawn per benchmark): a batch needs that many prompts")
     check_imported(config)
+    check_table3_plans(config)
 
 
 def check_imported(config: dict) -> None:
@@ -170,7 +171,7 @@ def check_names(config: dict) -> None:
             policy(key, value)
     pairs = config.get("pairs", {})
     for key, value in walk(config):
-        if key.rsplit(".", 1)[-1].split("[")[0] in ("pair", "trace_pair", "pairs"):  # pairs[i]: a list of names
+        if key.rsplit(".", 1)[-1].split("[")[0] in ("pair", "trace_pair", "pairs", "fallback_pair"):  # pairs[i]: names
             need(key, value, set(pairs), "model pair (a key of 'pairs')")
 
 
@@ -184,3 +185,45 @@ def walk(obj, prefix: str = ""):
             yield from walk(v, f"{prefix}[{i}]")
     else:
         yield prefix, obj
+
+
+def check_table3_plans(config: dict) -> None:
+    """A Table 3 entry with a `fallback_pair` is decided by the memory plan of its `pair` (a hub pair traced on
+    this machine); the fallback's routing must have the model's experts and top-k, as every entry's trace must. A
+    hub pair without a draft can only be such an entry's pair (it cannot record a speculative trace)."""
+    from moespac.models.registry import get_spec
+
+    pairs = config["pairs"]
+    for i, e in enumerate(config["table3"]["models"]):
+        if "fallback_pair" not in e:
+            continue
+        key = f"table3.models[{i}]"
+        if "target" not in pairs[e["pair"]]:
+            raise MoespacError(f"config key '{key}.pair': {e['pair']!r} is not a hub pair (target/draft); only a "
+                               "pair this machine traces has a memory plan to decide by (drop fallback_pair)")
+        routing, spec = pair_routing(pairs[e["fallback_pair"]]), get_spec(e["spec"])
+        if routing is not None and routing != (spec.num_experts, spec.top_k):
+            raise MoespacError(f"config key '{key}.fallback_pair': {e['fallback_pair']!r} routes {routing[0]} experts "
+                               f"top-{routing[1]}, {e['spec']} {spec.num_experts} top-{spec.top_k}: its trace would "
+                               "leave experts dead or route the wrong count (use a routing-shape pair of that shape)")
+    decided = {e["pair"] for e in config["table3"]["models"] if "fallback_pair" in e}
+    users = [("engine.pair", config["engine"]["pair"]), ("simulation.pair", config["simulation"]["pair"])]
+    users += [(f"wrapped.{k}.pair", s.get("pair")) for k, s in config["wrapped"].items()]
+    users += [(f"table3.models[{i}].pair", e.get("pair")) for i, e in enumerate(config["table3"]["models"])
+              if "fallback_pair" not in e]
+    for key, name in users:
+        p = pairs.get(name) or {}
+        if "target" in p and "draft" not in p:
+            raise MoespacError(f"config key '{key}': hub pair {name!r} names no draft (pairs.{name}.draft); only a "
+                               f"Table 3 entry with a fallback_pair may use it{' (as ' + ', '.join(sorted(decided)) + ' are)' if decided else ''}")
+
+
+def table3_choice(entry: dict, plan: dict, pairs: dict, needs_draft: bool) -> tuple[str, str]:
+    """(the pair whose traces a Table 3 entry replays, why): its own `pair` when the memory plan says the pair fits
+    this machine and a draft is named (or no method drafts), else its labelled `fallback_pair`."""
+    own, fallback = entry["pair"], entry["fallback_pair"]
+    if not plan.get("fits"):
+        return fallback, f"{own} does not fit this machine ({plan.get('reason')})"
+    if needs_draft and "draft" not in pairs[own]:
+        return fallback, f"{own} names no draft (pairs.{own}.draft), and speculative methods need one"
+    return own, f"{own} fits this machine ({plan.get('slots')} of {plan.get('total_slots')} expert slots)"

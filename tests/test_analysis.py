@@ -302,6 +302,10 @@ def test_table4_and_table3_put_the_papers_numbers_beside_ours():
     by = {r[2]: r for r in block.rows}
     assert by["MoE-SpAc"] == ["rtx4090-pcie4", "deepseek-v2-lite (trace of this shape)", "MoE-SpAc", "40.00 S n=1 (paper 47.26)"]
     assert by["Rel. Improv."][3] == "+100.0% S"
+    # the Model column names whose trace stands for the model (a fallback's routing shape, or the model's own)
+    t3["source"] = "trace of results/models/proxy-shape-64x6/target; draft cost of qwen3-4b-fp8"
+    _, (block,) = tables.table3(t3)
+    assert block.rows[0][1] == "deepseek-v2-lite (trace of this shape; trace of results/models/proxy-shape-64x6/target)"
 
 
 @pytest.fixture

@@ -264,7 +264,9 @@ def table3(rows: pd.DataFrame):
             tps = _pivot(grp, "tps", "label", "benchmark").reindex(columns=cols)
             spans = _spans(grp, "tps", "label", "benchmark").reindex(columns=cols).fillna("")
             mapped = grp["mapping"].dropna()
-            model = f"{spec} ({mapping_tag(mapped.iloc[0] if len(mapped) else None)})"  # how the trace stands for it
+            # how the trace stands for the model, and whose it is (a real pair's, or a fallback's routing shape)
+            whose = [str(x).split(";")[0] for x in grp["source"].dropna() if str(x).startswith("trace of ")]
+            model = f"{spec} ({'; '.join([mapping_tag(mapped.iloc[0] if len(mapped) else None)] + whose[:1])})"
             for label in dict.fromkeys(grp["label"]):
                 body.append([str(hw), model, shown(grp, label)] + [
                     cell(tps.loc[label, b], timing, paper.lookup(ref, "tps", spec=spec, method=label, benchmark=b, profile=hw),

@@ -30,8 +30,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from moespac.engine.plan import DoesNotFit
-    from moespac.engine.session import EngineConfig, plan_for
+    from moespac.engine.session import EngineConfig, plan_for, plan_verdict
 
     check_output_paths(args, "json")
     device = args.device or ("cuda" if args.gpu_gib is not None or torch.cuda.is_available() else "cpu")
@@ -40,23 +39,15 @@ def run(args) -> int:
     cfg = EngineConfig(target=args.target, draft=args.draft, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
                        cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, gpu_gib=args.gpu_gib,
                        host_gib=args.host_gib, context=args.context, batch_size=args.batch_size, gamma=args.gamma)
-    # None for a budget: this machine's own (the GPU's free memory, the host's RAM)
-    verdict = dict(target=args.target, draft=args.draft, device=device, gpu_gib=args.gpu_gib, host_gib=args.host_gib,
-                   cache_ratio=args.cache_ratio, batch_size=args.batch_size, gamma=args.gamma)
-    try:
+    if not args.json:
         plan = plan_for(cfg, device)  # a plan that cannot fit fails here, in one line
-    except DoesNotFit as e:
-        if not args.json:
-            raise
-        write_json(args.json, dict(verdict, fits=False, reason=str(e)))
-        print(f"does not fit: {e} (recorded in {args.json})")
-        return 0
+    else:
+        plan, verdict = plan_verdict(cfg, device)
+        write_json(args.json, verdict)
+        if plan is None:
+            print(f"does not fit: {verdict['reason']} (recorded in {args.json})")
+            return 0
     print(plan.render())
     print(f"fits: {plan.slots} expert slots, cache ratio {plan.cache_ratio:.3f}; host peak "
           f"{plan.host_peak / 2**30:.2f} GiB")
-    if args.json:
-        write_json(args.json, dict(verdict, fits=True, reason=None, slots=plan.slots, total_slots=plan.total_slots,
-                                   cache_ratio=plan.cache_ratio, device_total=plan.device_total,
-                                   host_peak=plan.host_peak))
     return 0
-

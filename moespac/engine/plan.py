@@ -221,9 +221,13 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_g
             "peak while loading": target.weight_bytes + target.layer_block + staging}
     device_budget = int(device_gib * GiB) if device_gib is not None else None
     host_budget = int(host_gib * GiB) if host_gib is not None else None
+    need = sum(fixed.values())
     if not cuda and host_budget is not None:  # a CPU run: the "device" pool is host memory too
         device_budget = host_budget - store - staging
-    need = sum(fixed.values())
+        if need > device_budget:
+            raise DoesNotFit(f"memory plan: a CPU run keeps everything in host memory: the expert store "
+                             f"{_gib(store)} and the rest {_gib(need)}, {_gib(store + staging + need - host_budget)} "
+                             f"more than the host's {_gib(host_budget)}")
     if device_budget is not None and need > device_budget:
         parts = ", ".join(f"{k} {_gib(v)}" for k, v in fixed.items())
         raise DoesNotFit(f"memory plan: the device needs {_gib(need)} before any expert slot ({parts}), "

@@ -99,6 +99,21 @@ def plan_for(cfg: EngineConfig, device: str):
                        cache=cfg)
 
 
+def plan_verdict(cfg: EngineConfig, device: str) -> tuple[object | None, dict]:
+    """(the plan or None, its verdict as JSON-able facts): fits, or the one-line reason it does not (a plan
+    that cannot fit is an answer here; a bad model name still raises). Budgets left None are this machine's."""
+    from moespac.engine.plan import DoesNotFit
+
+    verdict = dict(target=cfg.target, draft=cfg.draft, device=device, gpu_gib=cfg.gpu_gib, host_gib=cfg.host_gib,
+                   cache_ratio=cfg.cache_ratio, batch_size=cfg.batch_size, gamma=cfg.gamma)
+    try:
+        plan = plan_for(cfg, device)
+    except DoesNotFit as e:
+        return None, dict(verdict, fits=False, reason=str(e))
+    return plan, dict(verdict, fits=True, reason=None, slots=plan.slots, total_slots=plan.total_slots,
+                      cache_ratio=plan.cache_ratio, device_total=plan.device_total, host_peak=plan.host_peak)
+
+
 class EngineSession:
     """A loaded pair on its runtime; `open(cfg)` plans and loads, `EngineSession(models...)` wraps loaded ones."""
 

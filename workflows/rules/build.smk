@@ -58,8 +58,10 @@ rule link_hub_pair:
         draft=get_hub_draft,
     shell:
         # the hub cache holds the weights once; the pair folder links to its snapshots (for wrapped systems)
-        "(t=$(hf download {params.target:q} --quiet) && d=$(hf download {params.draft:q} --quiet)"
-        " && ln -sfn \"$t\" {params.out:q}/target && ln -sfn \"$d\" {params.out:q}/draft"
+        # (a Table 3 pair may name no draft: its autoregressive traces need the target only)
+        "(t=$(hf download {params.target:q} --quiet) && ln -sfn \"$t\" {params.out:q}/target"
+        " && {{ [ -z {params.draft:q} ] || {{ d=$(hf download {params.draft:q} --quiet)"
+        " && ln -sfn \"$d\" {params.out:q}/draft; }}; }}"
         " && echo {params.target:q} {params.draft:q} > {output}) > {log} 2>&1"
 
 

@@ -11,7 +11,7 @@ from moespac.datasets import BENCHMARKS as KNOWN_BENCHMARKS, get_benchmark
 from moespac.models.micro import ARCHS as MICRO_ARCHS
 from moespac.registry import make_policy
 from moespac.catalogue import get_method, k_method
-from moespac.workflow_checks import check_limits, check_names
+from moespac.workflow_checks import check_limits, check_names, table3_choice
 
 validate(config, schema="../schemas/config.schema.yaml")
 check_names(
@@ -116,7 +116,8 @@ def get_model_args(wildcards):
     """How `moespac bench` names the models: hub ids as such (records keep them), else the pair's folder."""
     p = PAIRS[wildcards.pair]
     if "target" in p:
-        return f"--target {quote(p['target'])} --draft {quote(p['draft'])}"
+        draft = f" --draft {quote(p['draft'])}" if "draft" in p else ""  # no draft: a Table 3 pair planned only
+        return f"--target {quote(p['target'])}{draft}"
     return f"--model-pair {quote(pair_folder(wildcards.pair))}"
 
 
@@ -154,7 +155,7 @@ def get_hub_target(wildcards):
 
 
 def get_hub_draft(wildcards):
-    return PAIRS[wildcards.pair]["draft"]
+    return PAIRS[wildcards.pair].get("draft", "")
 
 
 # ---- cell file names (wildcards in the file name; gamma 0 = autoregressive)
@@ -394,11 +395,35 @@ def table2_records():
     return [sim_cell(m, b) for m in t["methods"] for b in t["benchmarks"]]
 
 
+# Table 3 entry (its index) -> (the pair whose traces it replays, why): a hub pair's memory plan on this
+# machine decides an entry with a fallback_pair, once per run of Snakemake (configs only, no weights)
+TABLE3_PAIRS = {}
+
+
+def table3_pair(i, entry):
+    """The pair whose traces Table 3 entry `i` replays: its `pair`, or with a `fallback_pair` the choice that
+    the memory plan of `pair` on this machine makes (moespac.workflow_checks.table3_choice, said in the log)."""
+    if "fallback_pair" not in entry:
+        return entry.get("pair")
+    if i not in TABLE3_PAIRS:
+        from moespac.engine.session import EngineConfig, plan_verdict, resolve_device
+
+        p = PAIRS[entry["pair"]]  # planned as its traces are recorded: every expert on the host (no slots)
+        cfg = EngineConfig(target=p["target"], draft=p.get("draft"), cache_ratio=0.0, gamma=SIM["gamma"],
+                           batch_size=SIM["batch_size"])
+        verdict = plan_verdict(cfg, resolve_device(None))[1]
+        needs_draft = any(get_method(m).draft for m in config["table3"]["methods"])
+        TABLE3_PAIRS[i] = table3_choice(entry, verdict, PAIRS, needs_draft)
+        logger.info(f"table3.models[{i}] ({entry['spec']}): traces of {TABLE3_PAIRS[i][0]}: {TABLE3_PAIRS[i][1]}")
+    return TABLE3_PAIRS[i][0]
+
+
 def table3_records():
     """Simulated cells per model entry (its draft_spec, else the simulation's); measured ones too where the
-    entry names a pair and `measure`."""
+    entry's own pair is traced and `measure`."""
     t, out = config["table3"], []
-    for e in t["models"]:
+    for i, e in enumerate(t["models"]):
+        pair = table3_pair(i, e)
         for m in t["methods"]:
             for b in t["benchmarks"]:
                 out.append(
@@ -407,11 +432,11 @@ def table3_records():
                         b,
                         hardware=e["hardware"],
                         spec=e["spec"],
-                        pair=e.get("pair"),
+                        pair=pair,
                         draft=e.get("draft_spec"),
                     )
                 )
-                if e.get("measure"):
+                if e.get("measure") and pair == e["pair"]:
                     out.append(measured_cell(m, b, pair=e["pair"]))
     return out
 
