@@ -206,7 +206,6 @@ def check_table3_plans(config: dict) -> None:
             raise MoespacError(f"config key '{key}.fallback_pair': {e['fallback_pair']!r} routes {routing[0]} experts "
                                f"top-{routing[1]}, {e['spec']} {spec.num_experts} top-{spec.top_k}: its trace would "
                                "leave experts dead or route the wrong count (use a routing-shape pair of that shape)")
-    decided = {e["pair"] for e in config["table3"]["models"] if "fallback_pair" in e}
     users = [("engine.pair", config["engine"]["pair"]), ("simulation.pair", config["simulation"]["pair"])]
     users += [(f"wrapped.{k}.pair", s.get("pair")) for k, s in config["wrapped"].items()]
     users += [(f"table3.models[{i}].pair", e.get("pair")) for i, e in enumerate(config["table3"]["models"])
@@ -215,7 +214,7 @@ def check_table3_plans(config: dict) -> None:
         p = pairs.get(name) or {}
         if "target" in p and "draft" not in p:
             raise MoespacError(f"config key '{key}': hub pair {name!r} names no draft (pairs.{name}.draft); only a "
-                               f"Table 3 entry with a fallback_pair may use it{' (as ' + ', '.join(sorted(decided)) + ' are)' if decided else ''}")
+                               "Table 3 entry with a fallback_pair may use it")
 
 
 def table3_choice(entry: dict, plan: dict, pairs: dict, needs_draft: bool) -> tuple[str, str]:
