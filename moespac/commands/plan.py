@@ -22,8 +22,8 @@ def register(sub) -> None:
     add_memory_args(p)
     p.add_argument("--json", default=None, metavar="FILE",
                    help="also write the verdict as JSON (atomically); a plan that cannot fit is then recorded "
-                        "(fits: false, with the reason) and the command succeeds: the workflow's Table 3 checkpoint "
-                        "reads it to pick a model's own trace or its labelled fallback")
+                        "(fits: false, with the reason) and the command succeeds; the workflow makes the same verdict "
+                        "(moespac.engine.session.plan_verdict) to pick a Table 3 model's own trace or its fallback")
     p.set_defaults(func=run)
 
 

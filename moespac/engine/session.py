@@ -105,7 +105,7 @@ def plan_verdict(cfg: EngineConfig, device: str) -> tuple[object | None, dict]:
     from moespac.engine.plan import DoesNotFit
 
     verdict = dict(target=cfg.target, draft=cfg.draft, device=device, gpu_gib=cfg.gpu_gib, host_gib=cfg.host_gib,
-                   cache_ratio=cfg.cache_ratio, batch_size=cfg.batch_size, gamma=cfg.gamma)
+                   cache_ratio=cfg.cache_ratio, batch_size=cfg.batch_size, gamma=cfg.gamma if cfg.draft else 0)  # as planned
     try:
         plan = plan_for(cfg, device)
     except DoesNotFit as e:
