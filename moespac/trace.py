@@ -19,6 +19,7 @@ import numpy as np
 
 from moespac.atomic import atomic_path
 from moespac.errors import MoespacError
+from moespac.hashing import stable_hash
 from moespac.policy import Topology
 
 SCHEMA_VERSION = 2
@@ -166,6 +167,11 @@ class Trace:
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
                 np.savez_compressed(f, **arrays)
+
+
+def bench_trace_id(tcfg: dict) -> str:
+    """The id of a trace `moespac bench` records: traces of the same models, prompts and decoding settings share it."""
+    return f"bench-{tcfg['benchmark']}-{stable_hash(tcfg)}"
 
 
 def load_trace(path: str | Path) -> Trace:

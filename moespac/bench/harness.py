@@ -28,6 +28,7 @@ from moespac.errors import MoespacError, check_context
 from moespac.hashing import model_id, stable_hash
 from moespac.record import make_record
 from moespac.registry import parse_policy
+from moespac.trace import bench_trace_id
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ def prepare(cfg: BenchConfig) -> Prepared:
         config.update(hardware=profile.name, hardware_sha256=profile.sha256, model_spec=cfg.model_spec,
                       draft_spec=cfg.draft_spec, allow_topology_mismatch=cfg.allow_topology_mismatch,
                       warmup_steps=warmup_steps, bounds=cfg.bounds,
-                      trace_id=trace.trace_id() if trace is not None else trace_id(tcfg))
+                      trace_id=trace.trace_id() if trace is not None else bench_trace_id(tcfg))
         if cfg.profile_traces:  # their ids, not their paths: the same routing is the same config
             from moespac.trace import load_trace
 
@@ -251,11 +252,6 @@ def _ref(ref: str | None) -> str | None:
         return folder.relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         return str(folder)
-
-
-def trace_id(tcfg: dict) -> str:
-    """Traces of the same models, prompts and decoding settings share an id."""
-    return f"bench-{tcfg['benchmark']}-{stable_hash(tcfg)}"
 
 
 def execute(cfg: BenchConfig, prep: Prepared, trace_out=None, progress: bool = True) -> dict:
@@ -393,7 +389,7 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
                 run_turns(items[start:start + cfg.batch_size])
                 bar.update(min(cfg.batch_size, len(items) - start))
         policy_stats = runtime.stats()["policy_stats"]
-        trace = session.finish_trace(trace_id=trace_id(tcfg), bench=dict(
+        trace = session.finish_trace(trace_id=bench_trace_id(tcfg), bench=dict(
             config=tcfg, prompts=len(prompts), rows=rows, skipped=skipped, proxy=[p.proxy for p in prompts]))
     finally:
         session.close()

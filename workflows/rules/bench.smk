@@ -7,8 +7,10 @@ rule record_trace:
     # One engine run records the activation trace every policy is then replayed on (routing does not depend
     # on the policy). gamma 0: autoregressive. Its record is a measured all-host run on this machine. One
     # thread, fixed (not {threads}, which --cores may change): the thread count is part of what decides the
-    # trace's floats, and so its sampled tokens. An imported pair's trace comes from its file instead
-    # (`moespac import-trace`: a serving stack's routing, steps of gamma + 1 tokens).
+    # trace's floats, and so its sampled tokens. A batch-1 AR trace is by default the AR view of the speculative
+    # trace (`moespac derive-ar-trace`: the kept tokens' routing rows, one AR step each; `simulation.ar_traces`).
+    # An imported pair's trace comes from its file instead (`moespac import-trace`: a serving stack's routing,
+    # steps of gamma + 1 tokens).
     input:
         source=get_trace_source,
     output:

@@ -2,6 +2,7 @@
 # the final target list. The logic of each run lives in the `moespac` package; rules call its CLI.
 import os
 import re
+from types import SimpleNamespace
 from shlex import quote  # every config value that reaches a shell goes through it (the schema restricts them too)
 
 from snakemake.utils import validate
@@ -77,18 +78,39 @@ def get_pair_ready(wildcards):
     return pair_ready(wildcards.pair)
 
 
-def get_trace_source(wildcards):
-    """What a trace is made from: the pair's models, or an imported pair's file of this benchmark."""
+def derives_ar_trace(wildcards):
+    """Whether this trace is the AR view of the pair's speculative trace (`simulation.ar_traces: derived`):
+    batch 1, gamma 0, on a pair with a draft. No engine run, and its cells replay the speculative cells' tokens."""
     p = PAIRS[wildcards.pair]
+    return (
+        SIM.get("ar_traces", "derived") == "derived"
+        and int(wildcards.gamma) == 0
+        and int(wildcards.batch) == 1
+        and "imported" not in p
+        and ("target" not in p or "draft" in p)
+    )
+
+
+def get_trace_source(wildcards):
+    """What a trace is made from: the pair's models, its speculative trace (a derived AR trace), or an imported
+    pair's file of this benchmark."""
+    p = PAIRS[wildcards.pair]
+    if derives_ar_trace(wildcards):
+        return trace_file(wildcards.pair, wildcards.benchmark, SIM["gamma"], 1, wildcards.tokens)
     if "imported" not in p:
         return pair_ready(wildcards.pair)
     files = {get_benchmark(b).name: path for b, path in p["imported"]["files"].items()}
     return files[wildcards.benchmark]
 
 
-def get_trace_command(wildcards, output):
-    """The engine run that records a trace, or the import that turns a serving stack's routing into one."""
+def get_trace_command(wildcards, input, output):
+    """The engine run that records a trace, the AR view of a speculative one, or the import that turns a serving
+    stack's routing into one."""
     p = PAIRS[wildcards.pair]
+    if derives_ar_trace(wildcards):
+        return (
+            f"moespac derive-ar-trace {quote(input.source)} --out {quote(output.trace)} --json {quote(output.record)}"
+        )
     if "imported" not in p:
         return (
             f"OMP_NUM_THREADS=1 moespac bench {get_model_args(wildcards)} --benchmark {quote(wildcards.benchmark)}"
@@ -495,14 +517,17 @@ def studies():
     out = {n: study_records(n) for n in names}
     out = {n: files for n, files in out.items() if files or n == "table1"}
     cells = [c for records in out.values() for c in records]
-    traces = {trace_record_of(c) for c in cells if c.startswith("results/simulated/")}
-    out["traces"] = sorted(traces | {t.replace(".npz", ".json") for t in traces_used()})
+    traces = {TRACE_OF_CELL[c] for c in cells if c.startswith("results/simulated/")} | set(traces_used())
+    # the engine runs that recorded them (a derived AR trace's record is no run: it is left out)
+    out["traces"] = sorted(t.replace(".npz", ".json") for t in traces if not derives_ar_trace(trace_wildcards(t)))
     return out
 
 
-def trace_record_of(sim_path):
-    """The record of the engine run that recorded the trace a simulated cell replays."""
-    return TRACE_OF_CELL[sim_path].replace(".npz", ".json")
+def trace_wildcards(path):
+    """The wildcards of a trace file's path (CELLS['trace'])."""
+    pair, benchmark, name = path.split("/")[-3:]
+    gamma, batch, tokens = re.fullmatch(r"g(\d+)-b(\d+)-n(\d+)\.npz", name).groups()
+    return SimpleNamespace(pair=pair, benchmark=benchmark, gamma=gamma, batch=batch, tokens=tokens)
 
 
 def traces_used():

@@ -1,0 +1,69 @@
+"""The autoregressive trace of a speculative run: the target's routing of every token the run kept.
+
+A verify step of a batch-1 speculative run feeds the target [t, d1 .. d_gamma]: the last kept token and the
+drafts. Of those rows, the first `emitted` are the inputs of the tokens the step emits (t makes d1's slot, d1
+makes d2's, ..., d_m makes the bonus token), and an autoregressive run of the same tokens feeds the target
+exactly these inputs, one per step, over the same context. Attention is causal, so each such row's routing is
+the routing an AR step computes for it; only float rounding differs (one row against nine in a matmul), and
+that can swap two experts only where the router scores tie to rounding (`tests/test_ar_trace.py` measures it).
+The rejected drafts' rows are dropped, the prefill is kept as it is.
+
+So one recording gives both traces of a (benchmark, length) pair: the AR trace costs no engine run, and its
+cells replay the very tokens the speculative cells do. The tokens are a sample of the target (speculative
+sampling keeps the target's distribution), not the sample an AR run with the same seed would draw; the trace
+says so (meta 'derived').
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moespac.errors import MoespacError
+from moespac.trace import KINDS, Trace, bench_trace_id
+
+PREFILL, VERIFY, AR = (KINDS.index(k) for k in ("prefill", "verify", "ar"))
+NOTE = ("derived from a speculative trace: each kept token's routing from the verify pass that ran it (rows "
+        "0..emitted-1 of each verify step), one AR step per token; the rejected drafts' rows dropped")
+
+
+def ar_from_speculative(sd: Trace, where: str = "trace") -> Trace:
+    """The AR trace of the tokens `sd` (a batch-1 speculative trace recorded by `moespac bench`) kept."""
+    m = sd.meta
+    bench = m.get("bench")
+    if not isinstance(bench, dict):
+        raise MoespacError(f"{where}: not recorded by `moespac bench` (no per-request facts to derive from)")
+    if int(m.get("batch_size", 1)) != 1:
+        raise MoespacError(f"{where}: batch size {m.get('batch_size')}; an AR trace derives from batch 1 only "
+                           "(a batched step records accepted drafts summed over its sequences, not which rows each kept)")
+    st = sd.steps
+    kind, tokens, gamma, emitted = st["step_kind"], st["step_tokens"], st["step_gamma"], st["step_emitted"]
+    if not (kind == VERIFY).any() or (kind == AR).any():
+        raise MoespacError(f"{where}: not a speculative trace (it has {'AR' if (kind == AR).any() else 'no verify'} "
+                           "steps); derive from one recorded with a draft")
+    verify = kind == VERIFY
+    if (tokens[verify] != gamma[verify].astype(np.int64) + 1).any() or (emitted[verify] > tokens[verify]).any():
+        raise MoespacError(f"{where}: a verify step is not [kept token + gamma drafts] wide; not a batch-1 engine trace")
+    offsets = sd.offsets()
+    rows, out_steps = [], []
+    for s in range(sd.num_steps):
+        start = int(offsets[s])
+        if kind[s] == PREFILL:
+            rows.append(np.arange(start, start + int(tokens[s])))
+            out_steps.append((st["step_request"][s], PREFILL, tokens[s], 0, 0, emitted[s]))
+        else:
+            n = int(emitted[s])
+            rows.append(np.arange(start, start + n))
+            out_steps += [(st["step_request"][s], AR, 1, 0, 0, 1)] * n
+    keep = np.concatenate(rows)
+    names = ("step_request", "step_kind", "step_tokens", "step_gamma", "step_accepted", "step_emitted")
+    cols = list(zip(*out_steps))
+    steps = {n: np.asarray(c, dtype=st[n].dtype) for n, c in zip(names, cols)}
+    config = dict(bench["config"], gamma=0, draft_id=None, derived_from=sd.trace_id())
+    facts = dict(bench, config=config,
+                 rows=[dict(r, steps=r["new_tokens"] - 1, drafted=0, accepted=0, rejected=0) for r in bench["rows"]])
+    meta = {k: v for k, v in m.items() if k not in ("self_draft",)}
+    meta.update(gamma=0, draft=None, bench=facts, derived=NOTE, derived_from=sd.trace_id(),
+                trace_id=bench_trace_id(config))
+    out = Trace(meta=meta, steps=steps, topk_ids=sd.topk_ids[keep], topk_weights=sd.topk_weights[keep],
+                cross_topk=None if sd.cross_topk is None else sd.cross_topk[keep])
+    return out.validate(f"{where} (derived AR)")
