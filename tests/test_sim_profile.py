@@ -42,7 +42,12 @@ def test_paper_numbers_in_builtins():
     assert a100.host_mem_bandwidth == 171.5e9 and "nominal 204.8 GB/s" in a100.sources["host_mem_bandwidth"]
     for p in (h200, a100):
         assert p.sources["link_bandwidth"].startswith("measured")
-    assert a100.sources["host_mem_bandwidth"].startswith("measured")
+    # every built-in host's memory bandwidth is a measured read figure, never its JEDEC peak (kept in the source)
+    for name, measured, nominal in (("a100-80gb-pcie4", 171.5e9, "204.8"), ("h200", 240.6e9, "307.2"),
+                                    ("rtx4090-pcie4", 60.8e9, "89.6"), ("rtx4060-8gb", 60.8e9, "89.6")):
+        p = load_profile(name)
+        assert p.host_mem_bandwidth == measured and p.sources["host_mem_bandwidth"].startswith("measured"), name
+        assert f"nominal {nominal} GB/s" in p.sources["host_mem_bandwidth"], name
 
 
 def write_variant(tmp_path, change) -> Path:
