@@ -22,7 +22,7 @@ LAYERS = [
     ("interface", ["moespac.policy", "moespac.cache", "moespac.trace"]),
     ("policies", ["moespac.scheduler", "baselines", "moespac.registry", "moespac.catalogue"]),
     ("drivers", ["moespac.engine", "moespac.sim", "moespac.numerics", "moespac.lossless"]),
-    ("runs", ["moespac.bench", "moespac.import_trace", "baselines.wrapped", "moespac.experiments",
+    ("runs", ["moespac.bench", "moespac.import_trace", "moespac.ar_trace", "baselines.wrapped", "moespac.experiments",
               "moespac.workflow_checks"]),
     ("outputs", ["moespac.analysis", "moespac.tracking"]),
     ("entry points", ["moespac.cli", "moespac.commands", "moespac.__main__", "moespac"]),
