@@ -43,25 +43,22 @@ def ar_from_speculative(sd: Trace, where: str = "trace") -> Trace:
     verify = kind == VERIFY
     if (tokens[verify] != gamma[verify].astype(np.int64) + 1).any() or (emitted[verify] > tokens[verify]).any():
         raise MoespacError(f"{where}: a verify step is not [kept token + gamma drafts] wide; not a batch-1 engine trace")
-    offsets = sd.offsets()
-    rows, out_steps = [], []
-    for s in range(sd.num_steps):
-        start = int(offsets[s])
-        if kind[s] == PREFILL:
-            rows.append(np.arange(start, start + int(tokens[s])))
-            out_steps.append((st["step_request"][s], PREFILL, tokens[s], 0, 0, emitted[s]))
-        else:
-            n = int(emitted[s])
-            rows.append(np.arange(start, start + n))
-            out_steps += [(st["step_request"][s], AR, 1, 0, 0, 1)] * n
-    keep = np.concatenate(rows)
-    names = ("step_request", "step_kind", "step_tokens", "step_gamma", "step_accepted", "step_emitted")
-    cols = list(zip(*out_steps))
-    steps = {n: np.asarray(c, dtype=st[n].dtype) for n, c in zip(names, cols)}
+    # rows kept per step: a prefill's all, a verify step's first `emitted`; each kept verify row is one AR step
+    prefill = kind == PREFILL
+    kept = np.where(prefill, tokens, emitted).astype(np.int64)
+    first = np.cumsum(kept) - kept
+    keep = np.repeat(sd.offsets()[:-1], kept) + np.arange(int(kept.sum())) - np.repeat(first, kept)
+    per_step = np.where(prefill, 1, kept)  # output steps per input step
+    out_kind = np.where(prefill, PREFILL, AR)
+    steps = dict(step_request=np.repeat(st["step_request"], per_step), step_kind=np.repeat(out_kind, per_step),
+                 step_tokens=np.repeat(np.where(prefill, tokens, 1), per_step),
+                 step_gamma=np.zeros(int(per_step.sum())), step_accepted=np.zeros(int(per_step.sum())),
+                 step_emitted=np.repeat(np.where(prefill, emitted, 1), per_step))
+    steps = {n: a.astype(st[n].dtype) for n, a in steps.items()}
     config = dict(bench["config"], gamma=0, draft_id=None, derived_from=sd.trace_id())
     facts = dict(bench, config=config,
                  rows=[dict(r, steps=r["new_tokens"] - 1, drafted=0, accepted=0, rejected=0) for r in bench["rows"]])
-    meta = {k: v for k, v in m.items() if k not in ("self_draft",)}
+    meta = dict(m)
     meta.update(gamma=0, draft=None, bench=facts, derived=NOTE, derived_from=sd.trace_id(),
                 trace_id=bench_trace_id(config))
     out = Trace(meta=meta, steps=steps, topk_ids=sd.topk_ids[keep], topk_weights=sd.topk_weights[keep],

@@ -12,36 +12,26 @@ from moespac.errors import MoespacError
 from moespac.trace import load_trace
 
 
-def record(micro_dir, d, name, *extra):
+def record(d, name, *models_and_gamma):
     """A greedy mt-bench trace of the micro target (2 prompts, two turns each, 24 new tokens)."""
     trace = d / f"{name}.npz"
-    assert main(["bench", "--model-pair", str(micro_dir), "--benchmark", "mt-bench", "--limit", "2",
-                 "--max-new-tokens", "24", "--ignore-eos", "--temperature", "0", "--warmup", "0", "--policy", "all-host",
-                 "--cache-ratio", "0", "--no-progress", "--trace", str(trace), "--out", str(d / f"{name}.json"),
-                 *extra]) == 0
+    assert main(["bench", *models_and_gamma, "--benchmark", "mt-bench", "--limit", "2", "--max-new-tokens", "24",
+                 "--ignore-eos", "--temperature", "0", "--warmup", "0", "--policy", "all-host", "--cache-ratio", "0",
+                 "--no-progress", "--trace", str(trace), "--out", str(d / f"{name}.json")]) == 0
     return load_trace(trace)
 
 
 @pytest.fixture(scope="module")
 def traces(micro_dir, tmp_path_factory, one_torch_thread):
     d = tmp_path_factory.mktemp("ar")
-    target = str(micro_dir / "target")
+    pair, target = ["--model-pair", str(micro_dir)], str(micro_dir / "target")
     return dict(
-        ar=record(micro_dir, d, "ar", "--gamma", "0"),
+        ar=record(d, "ar", *pair, "--gamma", "0"),
         # the micro draft is random: most drafts are rejected; the target drafting for itself keeps all of them
-        rejecting=record(micro_dir, d, "sd", "--gamma", "4"),
-        accepting=load_and_check(micro_dir, d, target),
+        rejecting=record(d, "sd", *pair, "--gamma", "4"),
+        accepting=record(d, "self", "--target", target, "--draft", target, "--gamma", "4"),
         dir=d,
     )
-
-
-def load_and_check(micro_dir, d, target):
-    out = d / "self.npz"
-    assert main(["bench", "--target", target, "--draft", target, "--benchmark", "mt-bench", "--limit", "2",
-                 "--max-new-tokens", "24", "--ignore-eos", "--temperature", "0", "--warmup", "0", "--gamma", "4",
-                 "--policy", "all-host", "--cache-ratio", "0", "--no-progress", "--trace", str(out),
-                 "--out", str(d / "self.json")]) == 0
-    return load_trace(out)
 
 
 @pytest.mark.parametrize("sd", ["rejecting", "accepting"])
