@@ -52,18 +52,18 @@ def test_sampling_draws_on_the_probabilities_device(micro, monkeypatch):
     """The generator is made on the target's device and every draw uses it with tensors of that device."""
     target, draft, _, prompt = micro
     made, draws = [], []
-    real_gen, real_multinomial = torch.Generator, torch.multinomial
+    real_gen, real_rand = torch.Generator, torch.rand
 
     def generator(device=None):  # records the device asked for; the old code asked for none (a CPU generator)
         made.append(None if device is None else torch.device(device))
         return real_gen(device=device or "cpu")
 
-    def multinomial(p, n, generator=None):
-        draws.append((p.device, generator.device))
-        return real_multinomial(p, n, generator=generator)
+    def rand(*size, generator=None, device=None, **kw):  # every draw starts from one uniform number
+        draws.append((torch.device(device or "cpu"), generator.device))
+        return real_rand(*size, generator=generator, device=device, **kw)
 
     monkeypatch.setattr(speculative.torch, "Generator", generator)
-    monkeypatch.setattr(speculative.torch, "multinomial", multinomial)
+    monkeypatch.setattr(speculative.torch, "rand", rand)
     generate(target, prompt, draft=draft, gamma=4, max_new_tokens=10, sampling=Sampling(temperature=0.8, seed=3),
              ignore_eos=True)
     device = target.get_input_embeddings().weight.device

@@ -6,7 +6,7 @@ import torch
 from scipy.stats import chisquare
 
 from moespac.engine import speculative
-from moespac.engine.speculative import Sampling, greedy_accept, stochastic_accept
+from moespac.engine.speculative import Sampling, draw, greedy_accept, stochastic_accept
 
 V = 4
 P = torch.tensor([[0.50, 0.25, 0.15, 0.10], [0.10, 0.20, 0.30, 0.40], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
@@ -47,6 +47,19 @@ def test_speculative_sampling_matches_target_distribution():
 
 def test_wrong_acceptance_rule_is_detected():
     assert pvalue(first_two_tokens(wrong_accept)) < 0.01
+
+
+def test_draw_samples_its_distribution_and_never_a_token_of_mass_zero():
+    """The inverse-CDF draw against scipy's chi-square, on an unnormalised distribution with holes."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.tensor([0.0, 2.0, 0.0, 1.0, 5.0, 0.0, 2.0], dtype=torch.float64)
+    n = 20000
+    counts = np.bincount([draw(w, gen) for _ in range(n)], minlength=len(w))
+    assert counts[w.numpy() == 0].sum() == 0
+    live = w.numpy() > 0
+    assert chisquare(counts[live], (w.numpy() / w.numpy().sum() * n)[live]).pvalue > 0.01
+    skewed = torch.tensor([0.7, 0.1, 0.1, 0.1], dtype=torch.float64)  # negative control: another distribution
+    assert chisquare(counts[live], (skewed.numpy() * n)).pvalue < 0.01
 
 
 def test_greedy_accept():
