@@ -11,6 +11,8 @@
   a forward whose tokens may be rejected, `checkpoint()` copies those states; `keep()` then rolls back to
   the checkpoint when any token of it is dropped, and the tokens that were kept are fed again with the
   next forward (they are pending once more). Batch 1 only.
+- `lean=True`: at batch 1, a Llama-family decoder runs through moespac.engine.lean (the same arithmetic on the
+  model's weights, its own small cache) instead of transformers' modules; other models run as above.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import inspect
 
 import torch
 
+from moespac.engine.lean import lean_forward
 from moespac.errors import MoespacError
 
 
@@ -50,11 +53,18 @@ def _snapshot(layer) -> dict:
 class CachedModel:
     """A causal LM over a batch, with its KV cache and a validity mask over cache columns."""
 
-    def __init__(self, model, batch: int):
+    def __init__(self, model, batch: int, lean: bool = False):
         self.model = model
         self.device = model.get_input_embeddings().weight.device
         self.keyword = cache_keyword(model)
+        params = inspect.signature(model.forward).parameters
+        self.keeps_logits = "logits_to_keep" in params
+        # a trained MoE may keep output_router_logits=True from training: the aux loss and the captured router
+        # logits are wasted work at inference
+        self.extra = {"output_router_logits": False} if "output_router_logits" in params else {}
         self.cache = None  # the model makes its own on the first forward (some need their own cache class)
+        # at batch 1 a decoder the lean forward knows skips transformers' module Python (moespac.engine.lean)
+        self.lean = lean_forward(model) if lean and batch == 1 else None
         self.valid = torch.zeros((batch, 0), dtype=torch.bool, device=self.device)
         self._checkpoint = None
 
@@ -67,8 +77,11 @@ class CachedModel:
         return any(_recurrent(layer) for layer in getattr(self.cache, "layers", None) or [])
 
     @torch.no_grad()
-    def forward(self, pending: list[list[int]]) -> torch.Tensor:
-        """Feed each sequence's pending tokens (left-padded to one width); logits [B, width, V]."""
+    def forward(self, pending: list[list[int]], last_only: bool = False) -> torch.Tensor:
+        """Feed each sequence's pending tokens (left-padded to one width); logits [B, width, V] ([B, 1, V], the
+        last column's, with `last_only`)."""
+        if self.lean is not None:
+            return self._lean_forward(pending[0], last_only)
         width = max(len(p) for p in pending)
         ids = torch.zeros((len(pending), width), dtype=torch.long)
         new_valid = torch.zeros((len(pending), width), dtype=torch.bool)
@@ -81,7 +94,8 @@ class CachedModel:
         mask = torch.cat([self.valid, new_valid], 1)
         batched = len(pending) > 1 or not bool(mask.all())
         out = self.model(input_ids=ids, use_cache=True, position_ids=pos, attention_mask=mask.long() if batched else None,
-                         **({} if self.cache is None else {self.keyword: self.cache}))
+                         **({} if self.cache is None else {self.keyword: self.cache}), **self.extra,
+                         **({"logits_to_keep": 1} if last_only and self.keeps_logits else {}))
         returned = out["cache"] if "cache" in out.keys() else out.get("past_key_values")
         if returned is None:
             raise MoespacError(f"{type(self.model).__name__}: the forward returned no KV cache")
@@ -92,6 +106,17 @@ class CachedModel:
                                "cache; this transformers release is not supported")
         self.valid = mask
         return out.logits
+
+    def _lean_forward(self, pending: list[int], last_only: bool) -> torch.Tensor:
+        """Batch 1 through the lean forward: no padding, no mask columns, positions continue the cache."""
+        past = self.valid.shape[1]
+        ids = torch.tensor([pending], dtype=torch.long, device=self.device)
+        pos = torch.arange(past, past + len(pending), device=self.device)[None]
+        if self.cache is None:
+            self.cache = self.lean.new_cache()
+        logits = self.lean(ids, pos, self.cache, last_only)
+        self.valid = torch.ones((1, past + len(pending)), dtype=torch.bool, device=self.device)
+        return logits
 
     def checkpoint(self) -> None:
         """Before a forward whose tokens may be partly rejected: copy what a crop cannot undo."""

@@ -155,8 +155,8 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
     check_batch(prompts, max_batch, getattr(target.config, "max_position_embeddings", None), max_new_tokens,
                 gamma if draft is not None else 0)
     B = len(prompts)
-    tgt = CachedModel(target, B)
-    dft = CachedModel(draft, B) if draft is not None else None
+    tgt = CachedModel(target, B, lean=True)
+    dft = CachedModel(draft, B, lean=True) if draft is not None else None
     gen = torch.Generator(device=tgt.device).manual_seed(sampling.seed)  # where the probabilities are
     results = [GenerationResult(tokens=[], prompt_tokens=len(p)) for p in prompts]
     seqs = [list(p) for p in prompts]
@@ -227,7 +227,8 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
         drafts = [[] for _ in live]
         qs = [[] for _ in live]
         for _ in range(gamma):
-            dl = dft.forward([(seqs[i] + drafts[row])[int(dft.lengths[row]):] for row, i in enumerate(live)])[:, -1]
+            dl = dft.forward([(seqs[i] + drafts[row])[int(dft.lengths[row]):] for row, i in enumerate(live)],
+                             last_only=True)[:, -1]
             for row in range(n):
                 if sampling.greedy:
                     drafts[row].append(int(torch.argmax(dl[row])))
