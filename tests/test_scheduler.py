@@ -183,6 +183,31 @@ def test_balancer_learns_the_papers_worked_example():
     assert b.r_cpu[0, 0] == 0.75 and b.r_gpu[0, 0] == 1 / 6
 
 
+@pytest.mark.parametrize("K", [4, 5])  # 4 takes the unrolled path, 5 the loop
+def test_balancer_learning_is_the_plain_moving_average_bit_for_bit(K):
+    rng = np.random.default_rng(K)
+    L, E = 6, 10
+    b = WorkloadBalancer(L, K, 2, UnitCosts(), warmup_steps=3, rate_decay=0.1)
+    r_cpu, r_gpu, seen = np.zeros((L, K)), np.zeros((L, K)), np.zeros(L, int)
+    for _ in range(8):  # past the warm-up: plain means, then the moving average
+        counts = rng.integers(0, 3, (L, E)) * (rng.random((L, 1)) < 0.8)  # some layers see nothing
+        u = rng.integers(0, K + 1, (L, E)).astype(np.uint8)
+        b.observe(counts, u)
+        for layer in range(L):
+            c, v = counts[layer], u[layer]
+            if c.sum() == 0:
+                continue
+            w = 1.0 / (seen[layer] + 1) if seen[layer] < 3 else 0.1
+            for tau in range(1, K + 1):
+                hot = v >= tau
+                new_cpu = 1 - c[(c > 0) & hot].sum() / c.sum()
+                new_gpu = ((c > 0) & hot).sum() / (c > 0).sum()
+                r_cpu[layer, tau - 1] += w * (new_cpu - r_cpu[layer, tau - 1])
+                r_gpu[layer, tau - 1] += w * (new_gpu - r_gpu[layer, tau - 1])
+            seen[layer] += 1
+        assert (b.r_cpu == r_cpu).all() and (b.r_gpu == r_gpu).all() and (b.seen == seen).all()
+
+
 # -- prefetch and eviction through the real cache and queue ---------------------------------------------
 def fixed_policy(L, E, capacity, tau=1, **opts):
     """released-code (fixed boundaries 5/1): counts equal to u leave u unchanged (delta = 0)."""

@@ -132,6 +132,7 @@ class UtilityEstimator:
                  adaptive: bool = True, lam: float = 0.1, floor: float = 1.0, order: str = "after",
                  scope: str = "expert", rounding: str = "round"):
         self.K, self.adaptive, self.lam, self.order, self.scope = K, adaptive, lam, order, scope
+        self._lazy = adaptive and order == "after"  # calibration owed until the layer's next update (update's fast path)
         self.L = num_layers
         self._lam32 = np.float32(lam)
         # integer delta >= theta  <=>  delta * SCALE + offset > q, with theta rounded up / half up / down
@@ -186,7 +187,14 @@ class UtilityEstimator:
 
     def update(self, f: np.ndarray, rows=slice(None)) -> None:
         """One step for `rows` (a layer index or a slice) given activation frequencies f (same shape)."""
-        f = np.ascontiguousarray(f, dtype=np.int64)  # one kernel signature (no copy for the engine's counts)
+        if f.dtype != np.int64 or not f.flags.c_contiguous:  # one kernel signature (the engine's counts pass as they are)
+            f = np.ascontiguousarray(f, dtype=np.int64)
+        if not isinstance(rows, slice) and self._lazy:  # the default, 48 calls a step: the call is the cost
+            if self._owed[rows]:
+                self._settle()  # this layer's boundaries must move before its next transition
+            _transition(self.u, self._delta, f.reshape(1, -1), self._bounds, self._top, rows, rows + 1)
+            self._owed[rows] = True
+            return
         if isinstance(rows, slice):
             first, last, _ = rows.indices(self.L)
             owed = any(self._owed[first:last])
