@@ -9,6 +9,7 @@ from moespac.cli import main
 from moespac.errors import MoespacError
 from moespac.models.registry import get_spec
 from moespac.policy import Topology
+from moespac.sim.calibrate import last_level_cache_bytes
 from moespac.sim.profile import load_profile
 from moespac.sim.synthetic import hand_trace, synthetic_trace, toy_spec
 from moespac.sim.workload import make_workload
@@ -99,6 +100,12 @@ def test_calibrate_on_this_cpu(tmp_path, capsys):
     assert "micro models" in p.sources["layer_overhead"] and p.layer_overhead >= 0 and p.forward_overhead >= 0
     assert "CPU-only: device = host" in capsys.readouterr().out
     assert np.isfinite([p.link_bandwidth, p.host_flops]).all()
+    assert "per load" in p.sources["copy_overhead"] and p.copy_overhead >= 0  # the whole on-demand path, timed
+    llc = last_level_cache_bytes()
+    if llc:  # this machine's sysfs names one (CI's does); where it cannot be read, the profile leaves it out
+        assert p.host_cache_bytes == llc and p.host_cache_bandwidth > 0
+    else:
+        assert p.host_cache_bytes == 0 and "host_cache_bytes" not in p.sources
 
 
 def test_simulate_the_oracle_itself(trace_path, tmp_path):

@@ -31,9 +31,10 @@ def test_device_and_host_expert_time_roofline():
     assert cm.device_expert_s(1) == approx(9.437184e-6)
     # 2000 tokens: compute-bound, 2 x 4,718,592 x 2000 / 1e14
     assert cm.device_expert_s(2000) == approx(1.8874368e-4)
-    # host: 1 token bandwidth-bound at 1e11 B/s; 100 tokens compute-bound at 1e12 FLOP/s; the loop's 2 matmuls of 10 us
-    assert cm.host_expert_s(1) == approx(9.437184e-5 + 2e-5)
-    assert cm.host_expert_s(100) == approx(9.437184e-4 + 2e-5)
+    # host: 1 token bandwidth-bound at 1e11 B/s; 100 tokens compute-bound at 1e12 FLOP/s; the loop's 2 row slices
+    # and 2 matmuls of 10 us
+    assert cm.host_expert_s(1) == approx(9.437184e-5 + 4e-5)
+    assert cm.host_expert_s(100) == approx(9.437184e-4 + 4e-5)
     assert cm.device_expert_s(np.array([0, 1])).tolist()[0] == 0.0
 
 
@@ -48,10 +49,24 @@ def test_each_side_pays_its_call_once_per_layer():
     cm = CostModel(eng, QWEN)
     assert cm.device_call_s() == approx(26e-6) and cm.host_call_s() == approx(42e-6)
     assert cm.load_s() == approx(1e-5 + 9_437_184 / 1e9 + 3e-6)
-    # a CPU "device" loops like the host: 2 ops per expert and 4 per call (at the device's operator cost, which a
+    # a CPU "device" loops like the host: 4 ops per expert and 4 per call (at the device's operator cost, which a
     # calibrated CPU profile sets to the host's)
     cpu = CostModel(HardwareProfile(**{**PROFILE.__dict__, "device_is_host": True}), QWEN)
-    assert cpu.device_expert_s(1) == approx(9.437184e-6 + 1e-5) and cpu.device_call_s() == approx(20e-6)
+    assert cpu.device_expert_s(1) == approx(9.437184e-6 + 2e-5) and cpu.device_call_s() == approx(20e-6)
+
+
+def test_a_pair_that_fits_half_the_last_level_cache_reads_its_weights_from_it():
+    big = CostModel(HardwareProfile(**{**PROFILE.__dict__, "host_cache_bytes": 32 * 2**20,
+                                       "host_cache_bandwidth": 4e11}), QWEN)
+    assert big.host_expert_s(1) == approx(9.437184e-5 + 4e-5)  # Qwen3-30B-A3B: far too large, memory as before
+    tiny = toy_spec(Topology(2, 4, 2))
+    weights = CostModel(PROFILE, tiny).weight_bytes()
+    for cache, cached in ((2 * weights, True), (2 * weights - 1, False)):
+        profile = HardwareProfile(**{**PROFILE.__dict__, "host_cache_bytes": cache, "host_cache_bandwidth": 4e11,
+                                     "device_is_host": True})
+        cm = CostModel(profile, tiny)
+        assert cm.host_bandwidth == (4e11 if cached else 1e11)
+        assert cm.device_bandwidth == (4e11 if cached else PROFILE.device_mem_bandwidth)
 
 
 def test_hidden_transfer_attention_and_draft():

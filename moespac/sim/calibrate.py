@@ -6,7 +6,8 @@ through more weights than the caches hold) and the throughput (many tokens). The
 CUDA is available, plus the pinned host -> device copy (latency from a tiny copy, bandwidth from an
 expert-sized one), the launch overhead, and an attention and a draft-layer timing kept as checks.
 On a CPU-only machine the "device" is the host CPU (device_is_host: true) and the link is the memcpy
-the engine's ExpertStore does there, measured the same way.
+the engine's ExpertStore does there, measured the same way. The host's last-level cache (its size from sysfs,
+the expert kernel's bandwidth on weights that stay in it) prices a model pair small enough to live there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -125,6 +127,30 @@ def measure_experts(cfg: CalibrationConfig, device: str, dtype_name: str) -> dic
                 expert_s_by_tokens={int(n): float(t) for n, t in sweep.items()}, fit_max_rel_error=float(worst))
 
 
+def last_level_cache_bytes() -> int:
+    """The CPU's last-level cache in bytes (Linux sysfs), 0 where it cannot be read."""
+    best, size = -1, 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        value = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        if level > best:
+            best, size = level, value
+    return size
+
+
+def measure_cache_bandwidth(cfg: CalibrationConfig, cache_bytes: int) -> dict:
+    """Expert kernels whose weights stay in the last-level cache: small experts (hidden 512, width 256) cycled
+    through half of it, fitted as measure_experts fits memory."""
+    small = dataclasses.replace(cfg, hidden=512, expert_ffn=256, working_set_mib=max(cache_bytes // 2 // 2**20, 1),
+                                tokens=(1, 2, 4, 8, 16))
+    return measure_experts(small, "cpu", cfg.dtype)
+
+
 def measure_link(cfg: CalibrationConfig, cuda: bool, dtype_name: str) -> dict:
     """Latency and bandwidth of copying one expert into a device slot, as the ExpertStore does it."""
     import torch
@@ -176,30 +202,35 @@ def measure_cuda_checks(cfg: CalibrationConfig) -> dict:
     return dict(attention_decode_4096_s=attn, draft_layer_qwen3_4b_bf16_s=clock.time(layer, cfg.repeats, inner=20))
 
 
-def _forward_time(model, tokens: int, repeats: int, cuda: bool, prefix: int = 32, ready=None) -> float:
-    """Median time of one forward of `tokens` new tokens after a `prefix`-token KV cache (`ready()` is
-    called once the prefix is in; then come 1 + 10 x repeats forwards)."""
+def _forward_time(model, tokens: int, repeats: int, cuda: bool, prefix: int = 32, ready=None,
+                  last_only: bool = False) -> float:
+    """Median time of one forward of `tokens` new tokens after a `prefix`-token KV cache, run the way the
+    engine's speculative loop runs it (moespac.engine.kvcache at batch 1: the lean forward where the model has
+    one; `last_only` as the draft asks). `ready()` is called once the prefix is in; then come 1 + 10 x repeats
+    forwards."""
+    from moespac.engine.kvcache import CachedModel
+
     import torch
-    from transformers import DynamicCache
 
-    from moespac.engine.kvcache import cache_keyword
+    # seeded random ids: a target's tokens then route to different experts, as real tokens do (a repeated id
+    # would send every token of the step to the same top-k and hide the per-expert cost)
+    g = torch.Generator().manual_seed(0)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (prefix + tokens,), generator=g).tolist()
+    cached = CachedModel(model, 1, lean=True)
+    cached.forward([ids[:prefix]])
+    if ready is not None:
+        ready()
 
-    device = next(model.parameters()).device
-    kv = {cache_keyword(model): DynamicCache(config=model.config)}
-    with torch.no_grad():
-        model(input_ids=torch.zeros(1, prefix, dtype=torch.long, device=device), use_cache=True, **kv)
-        ids = torch.zeros(1, tokens, dtype=torch.long, device=device)
-        if ready is not None:
-            ready()
-
-        def step():
-            model(input_ids=ids, use_cache=True, **kv)
-            next(iter(kv.values())).crop(-tokens)
-        return _Clock(cuda).time(step, repeats, inner=10)
+    def step():
+        cached.forward([ids[prefix:]], last_only=last_only)
+        cached.keep([prefix])
+    return _Clock(cuda).time(step, repeats, inner=10)
 
 
-SPLITS = {"host": 0.0, "device": 1.0, "split": 0.5}
-"""Cache ratios of the three target runs: every expert on the host, every one on the device, a seeded half each."""
+SPLITS = {"host": 0.0, "device": 1.0, "split": 0.5, "load": 0.125}
+"""Cache ratios of the four target runs: every expert on the host, every one on the device, a seeded half each
+(these three copy nothing), and LRU on an eighth of the experts, which loads most of what runs on demand."""
 
 
 def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool, gamma: int = 8) -> dict:
@@ -210,8 +241,9 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
     tokens, 32 experts top-4, sparse like the engine's real layers) run three times by HybridRuntime with a
     seeded split and no copies (SPLITS). With R the per-layer residual of each run, the layer's common part
     is R_host + R_device - R_split, the device call's R_split - R_host and the host call's R_split - R_device
-    (each side's call is paid only when it has experts). A copy's software cost is the store's copy of one of
-    the target's experts less the link's time for its bytes."""
+    (each side's call is paid only when it has experts). An on-demand load's software cost (reservation, the
+    victim's eviction, the store's copy and its events, the commit) is the fourth run's residual beyond the
+    all-device one, per load, less the link's time for its bytes."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -229,6 +261,7 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
     draft_s, draft_model_s = {}, {}
     target_s = {m: {} for m in SPLITS}
     target_model_s = {m: {} for m in SPLITS}
+    loads = {m: {} for m in SPLITS}
     copy = {}
     for layers in (1, 3):
         torch.manual_seed(0)
@@ -237,31 +270,32 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
         draft = AutoModelForCausalLM.from_config(dcfg).eval().to(device)
         dspec, tspec = spec_from_config(dcfg, "micro-draft"), spec_from_config(tcfg, "micro-target")
         cm = CostModel(bare, tspec, dspec, expert_dtype="fp32")
-        draft_s[layers] = _forward_time(draft, 1, repeats, cuda, prefix)
+        draft_s[layers] = _forward_time(draft, 1, repeats, cuda, prefix, last_only=True)
         draft_model_s[layers] = float(cm.draft_forward_s(1, prefix))
         for mode, ratio in SPLITS.items():
             target = AutoModelForCausalLM.from_config(tcfg).eval()
             session = EngineSession(target, None, None, EngineConfig(target="micro", policy="lru", cache_ratio=ratio,
                                                                      copy_mode="sync"), device=device)
             runtime = session.runtime
-            runtime.reconfigure(runtime.config, RandomSplit())
+            if mode != "load":
+                runtime.reconfigure(runtime.config, RandomSplit())
             runtime.start_request(gamma=gamma)
             before = {}
             c = runtime.cache.counters
             target_s[mode][layers] = _forward_time(target, n, repeats, cuda, prefix,
                                                    ready=lambda: before.update(host=c.host, hits=c.hits, loads=c.loads))
-            if c.loads != before["loads"]:
-                raise RuntimeError(f"calibration split {mode!r} copied experts; it must not")
+            if (c.loads != before["loads"]) != (mode == "load"):
+                raise RuntimeError(f"calibration split {mode!r}: {c.loads - before['loads']} copies")
             visits = (1 + 10 * repeats) * layers
             host, hits = (c.host - before["host"]) / visits, (c.hits - before["hits"]) / visits  # experts per layer
-            per_expert = n * tspec.top_k / max(host + hits, 1)
-            dev = hits * float(cm.device_expert_s(per_expert)) + (cm.device_call_s() if hits else 0.0)
+            loads[mode][layers] = (c.loads - before["loads"]) / visits
+            on_device = hits + loads[mode][layers]
+            per_expert = n * tspec.top_k / max(host + on_device, 1)
+            dev = (on_device * float(cm.device_expert_s(per_expert)) + (cm.device_call_s() if on_device else 0.0)
+                   + loads[mode][layers] * cm.load_s())
             off = host * float(cm.host_expert_s(per_expert)) + (cm.host_call_s() + float(cm.hidden_transfer_s(n)) if host else 0.0)
             experts = float(expert_wall(dev, off, bare.device_is_host))
             target_model_s[mode][layers] = layers * (float(cm.attention_s(n, prefix)) + experts) + float(cm.other_s(n, prefix))
-            if mode == "device" and layers == 1:
-                copy = _copy_time(runtime, repeats, cuda)
-                copy["model_s"] = cm.load_s()
             session.close()
             if mode == "host" and layers == 1:
                 loop = _loop_time(target, draft, gamma, device)
@@ -274,11 +308,12 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
     return dict(layer_overhead=max(layer, 0.0), forward_overhead=max(forward, 0.0), moe_layer_overhead=max(common, 0.0),
                 device_call_overhead=max(residual["split"] - residual["host"], 0.0),
                 host_call_overhead=max(residual["split"] - residual["device"], 0.0),
-                copy_overhead=max(copy["store_s"] - copy["model_s"], 0.0), moe_layer_residual_s=residual,
+                copy_overhead=max((residual["load"] - residual["device"]) / max(loads["load"][3], 1e-9), 0.0),
+                loads_per_layer=loads["load"], moe_layer_residual_s=residual,
                 draft_token_overhead=max(loop["draft_token_s"] - draft_s[1], 0.0),
                 step_overhead=max(loop["target_step_s"] - target_s["host"][1], 0.0), loop=loop,
                 draft_forward_s=draft_s, draft_kernels_model_s=draft_model_s, target_forward_s=target_s,
-                target_kernels_model_s=target_model_s, copy=copy)
+                target_kernels_model_s=target_model_s)
 
 
 def _loop_time(target, draft, gamma: int, device: str, tokens: int = 96) -> dict:
@@ -298,18 +333,6 @@ def _loop_time(target, draft, gamma: int, device: str, tokens: int = 96) -> dict
         session.close()
     steps = max(res.steps, 1)  # decode steps (the prefill is timed apart)
     return dict(draft_token_s=res.draft_s / (steps * gamma), target_step_s=res.target_s / steps, steps=steps)
-
-
-def _copy_time(runtime, repeats: int, cuda: bool) -> dict:
-    """Median time of one expert copy through the runtime's own store (issue, copy, its events), waited for."""
-    store, dev = runtime.store, runtime.device
-    L, E = len(store.host), store.num_experts
-    it = iter(range(1 << 62))
-
-    def one():
-        i = next(it)
-        dev.host_wait(store.copy_in(i % L, (i // L) % E, i % store.capacity))
-    return dict(store_s=_Clock(cuda).time(one, repeats, inner=50), bytes=store.copy_bytes)
 
 
 def _host_memory_bytes() -> float:
@@ -335,6 +358,15 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), name: str | None = N
         "host_op_overhead": f"measured: {how}, 8x8 expert / {OPS_PER_EXPERT} operators",
     }
     measurements = {"host_expert": host, "link": link, "torch": str(torch.__version__), "cpu_threads": threads}
+    cache_bytes = last_level_cache_bytes()
+    cache = {}
+    if cache_bytes:
+        cached = measure_cache_bandwidth(cfg, cache_bytes)
+        cache = dict(host_cache_bytes=float(cache_bytes), host_cache_bandwidth=cached["mem_bandwidth"])
+        src.update(host_cache_bytes="/sys/devices/system/cpu/cpu0/cache: the highest level's size",
+                   host_cache_bandwidth=f"measured: {how.replace(shape, 'expert 512x256')}, 1 token, experts cycled "
+                                        "through half of the last-level cache")
+        measurements["host_cache_expert"] = cached
     if cuda:
         props = torch.cuda.get_device_properties(0)
         dev = measure_experts(cfg, "cuda", "bf16")
@@ -362,7 +394,7 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), name: str | None = N
     profile = HardwareProfile(
         name=name or f"calibrated-{platform.node() or 'local'}", link_bandwidth=link["bandwidth"],
         link_latency=link["latency_s"], host_mem_bandwidth=host["mem_bandwidth"], host_flops=host["flops"],
-        host_op_overhead=host["op_overhead_s"], device_is_host=not cuda, notes=notes, sources=src, **values)
+        host_op_overhead=host["op_overhead_s"], device_is_host=not cuda, notes=notes, sources=src, **values, **cache)
     if cfg.engine_overheads:
         eng = measure_engine_overheads(profile, cfg.repeats, cuda)
         micro = "micro models (moespac.models.micro) with 1 and 3 layers, minus the cost model's kernel time"
@@ -372,8 +404,8 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), name: str | None = N
                                       "all three share",
                    device_call_overhead=f"measured: {splits}: the half-half layer minus the all-host one",
                    host_call_overhead=f"measured: {splits}: the half-half layer minus the all-device one",
-                   copy_overhead="measured: one expert copy through the runtime's ExpertStore, waited for, minus the "
-                                 "link's latency and bytes",
+                   copy_overhead=f"measured: {splits} and run by LRU on an eighth of the experts (loads on demand): "
+                                 "the last one's residual beyond the all-device one, per load, minus the link's time",
                    draft_token_overhead="measured: the engine's speculative loop on the 1-layer micro pair (gamma 8, "
                                         "temperature 0.8), draft phase per drafted token minus one draft forward",
                    step_overhead="measured: the same loop, target phase per step minus one target forward",

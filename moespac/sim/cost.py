@@ -33,9 +33,10 @@ no operator per expert."""
 LOOP_CALL_OPS = 4
 """A sparse call on a CPU (host experts; device experts when the device is the CPU) loops over its active
 experts: the gate (act, mul) and two concatenations per call ..."""
-LOOP_OPS_PER_EXPERT = 2
-"""... and one matmul per projection per active expert. (A CPU call dense enough for torch's grouped matmul
-walks every group instead, ~1 us each: close to this count at the densities where it is chosen.)"""
+LOOP_OPS_PER_EXPERT = 4
+"""... and, per projection and active expert, the slice of its rows and its matmul (moespac.engine.kernels
+._linear: two projections, two operators each). (A CPU call dense enough for torch's grouped matmul walks every
+group instead, ~2 us each: close to this cost at the densities where it is chosen.)"""
 ROUTED_MERGE_OPS = 6
 """Dispatch and merge of a layer's routed rows: the order to the device, gather, concatenation, scatter,
 routing weight, sum over k."""
@@ -89,15 +90,28 @@ class CostModel:
         self.expert_dtype = expert_dtype or spec.dtype
         self.expert_bytes = spec.expert_bytes(self.expert_dtype)
         self.expert_flops_per_token = 2 * spec.expert_params()
+        # weights read from the host's last-level cache when the whole pair fits in half of it, the working set
+        # its bandwidth was measured on (a tiny proxy on a CPU; never a real model): every step touches every
+        # weight, so a set that small stays there
+        p = profile
+        cached = 0 < self.weight_bytes() <= p.host_cache_bytes / 2 and p.host_cache_bandwidth > 0
+        self.host_bandwidth = p.host_cache_bandwidth if cached else p.host_mem_bandwidth
+        self.device_bandwidth = self.host_bandwidth if p.device_is_host and cached else p.device_mem_bandwidth
+
+    def weight_bytes(self) -> int:
+        """Bytes of every weight of the target (all experts) and the draft."""
+        s = self.spec
+        total = self.resident_bytes(context=0) + s.num_moe_layers * s.num_experts * self.expert_bytes
+        return int(total)
 
     # -- primitives ------------------------------------------------------------------------------
     def _device(self, nbytes, flops, ops):
         p = self.profile
-        return np.maximum(nbytes / p.device_mem_bandwidth, flops / p.device_flops) + ops * p.launch_overhead
+        return np.maximum(nbytes / self.device_bandwidth, flops / p.device_flops) + ops * p.launch_overhead
 
     def _host(self, nbytes, flops, ops):
         p = self.profile
-        return np.maximum(nbytes / p.host_mem_bandwidth, flops / p.host_flops) + ops * p.host_op_overhead
+        return np.maximum(nbytes / self.host_bandwidth, flops / p.host_flops) + ops * p.host_op_overhead
 
     # -- experts ---------------------------------------------------------------------------------
     def device_expert_s(self, tokens) -> np.ndarray:

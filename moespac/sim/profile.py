@@ -22,6 +22,11 @@ def _param(unit: str):
     return field(metadata={"unit": unit})
 
 
+def _optional_param(unit: str):
+    # A hardware figure a profile may leave out (0 = not modelled)
+    return field(default=0.0, metadata={"unit": unit, "optional": True})
+
+
 def _engine_param():
     # Software overheads of our eager PyTorch engine: optional (0 = none), measured by `calibrate`
     return field(default=0.0, metadata={"unit": "s", "optional": True})
@@ -51,6 +56,11 @@ class HardwareProfile:
     """Peak matrix throughput of the host cores at the experts' dtype."""
     host_op_overhead: float = _param("s")
     """Cost of dispatching one host operator (framework + thread-pool wake-up)."""
+    host_cache_bytes: float = _optional_param("B")
+    """Optional: the host's last-level cache. A model pair whose weights fit in it is read from it every step
+    (at host_cache_bandwidth), not from memory; 0 = not modelled (the built-ins' models are far larger)."""
+    host_cache_bandwidth: float = _optional_param("B/s")
+    """Optional: read bandwidth of expert kernels whose weights sit in the last-level cache."""
     layer_overhead: float = _engine_param()
     """Optional, engine software: framework time of one decoder layer beyond its kernels (eager PyTorch
     module calls, KV-cache update). 0 in the built-ins, which model the hardware, not our engine."""
