@@ -208,9 +208,12 @@ def test_sigterm_mid_bench_writes_a_failure_record(micro_dir, tmp_path):
 
     out = tmp_path / "run.json"
     cmd = [sys.executable, "-m", "moespac", "bench", "--model-pair", str(micro_dir), "--gamma", "2", "--no-progress",
-           "--benchmark", "gsm8k", "--limit", "50", "--max-new-tokens", "64", "--warmup", "0", "--out", str(out)]
+           "--benchmark", "gsm8k", "--limit", "50", "--max-new-tokens", "1024", "--warmup", "0", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)  # past imports and model loading: into the prompts
+    # past imports and model loading, into the prompts; the run itself takes over a minute here (50 prompts x 1024
+    # tokens: at 64 tokens the faster engine finished within the 8 s and was exiting, handler restored, when the
+    # signal came)
+    time.sleep(8)
     assert proc.poll() is None, proc.communicate()[1][-2000:]
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
