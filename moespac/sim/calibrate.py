@@ -127,6 +127,9 @@ def measure_experts(cfg: CalibrationConfig, device: str, dtype_name: str) -> dic
                 expert_s_by_tokens={int(n): float(t) for n, t in sweep.items()}, fit_max_rel_error=float(worst))
 
 
+_SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}  # sysfs cache sizes: "32768K"
+
+
 def last_level_cache_bytes() -> int:
     """The CPU's last-level cache in bytes (Linux sysfs), 0 where it cannot be read."""
     best, size = -1, 0
@@ -136,8 +139,7 @@ def last_level_cache_bytes() -> int:
             text = (index / "size").read_text().strip()
         except (OSError, ValueError):
             continue
-        units = {"K": 2**10, "M": 2**20, "G": 2**30}
-        value = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        value = int(text[:-1]) * _SIZE_UNITS[text[-1]] if text[-1] in _SIZE_UNITS else int(text)
         if level > best:
             best, size = level, value
     return size
@@ -208,9 +210,9 @@ def _forward_time(model, tokens: int, repeats: int, cuda: bool, prefix: int = 32
     engine's speculative loop runs it (moespac.engine.kvcache at batch 1: the lean forward where the model has
     one; `last_only` as the draft asks). `ready()` is called once the prefix is in; then come 1 + 10 x repeats
     forwards."""
-    from moespac.engine.kvcache import CachedModel
-
     import torch
+
+    from moespac.engine.kvcache import CachedModel
 
     # seeded random ids: a target's tokens then route to different experts, as real tokens do (a repeated id
     # would send every token of the step to the same top-k and hide the per-expert cost)
@@ -262,7 +264,6 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
     target_s = {m: {} for m in SPLITS}
     target_model_s = {m: {} for m in SPLITS}
     loads = {m: {} for m in SPLITS}
-    copy = {}
     for layers in (1, 3):
         torch.manual_seed(0)
         dcfg = draft_config(320, num_hidden_layers=layers)
