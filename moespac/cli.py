@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 
+from moespac import pinning
 from moespac.errors import MoespacError
 from moespac.record import mark_started
 
@@ -88,6 +89,7 @@ def _terminate(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     mark_started()  # a timed record says when its command began
+    pinning.warn_if_unpinned()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:

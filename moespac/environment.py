@@ -30,7 +30,10 @@ def software_environment() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    return {"git_commit": git_commit(), "python": platform.python_version(), "packages": versions}
+    from moespac.pinning import kernel_facts
+
+    return {"git_commit": git_commit(), "python": platform.python_version(), "packages": versions,
+            "kernels": kernel_facts()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,4 +54,5 @@ def environment() -> dict:
         "cpu_threads": torch.get_num_threads(),
         "gpu": gpu,
         "packages": sw["packages"],
+        "kernels": sw["kernels"],
     }

@@ -1,3 +1,4 @@
+import moespac  # noqa: F401  (pins the kernels before a test imports torch or numpy)
 import os
 
 import pytest

@@ -16,7 +16,7 @@ PACKAGES = ("moespac", "baselines")
 
 # bottom to top; a module belongs to the layer of its longest matching prefix
 LAYERS = [
-    ("foundation", ["moespac.errors", "moespac.atomic", "moespac.hashing", "moespac.environment", "moespac.fetch",
+    ("foundation", ["moespac.errors", "moespac.pinning", "moespac.atomic", "moespac.hashing", "moespac.environment", "moespac.fetch",
                     "moespac.record", "moespac.reference", "moespac.prompts", "moespac.datasets", "moespac.routing",
                     "moespac.models", "moespac.configargs"]),
     ("interface", ["moespac.policy", "moespac.cache", "moespac.trace"]),

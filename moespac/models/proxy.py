@@ -39,7 +39,7 @@ def active_params(model, cfg: ProxyConfig) -> int:
 def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, corpus_path: str | None = None,
                 force: bool = False, log=print) -> dict:
     """Train the pair for its fixed step counts and write DIR/target, DIR/draft and the model card; returns the
-    card. cfg.budget_minutes only guards: a build that runs longer fails (OverBudget) and writes nothing."""
+    card. A cfg.budget_minutes a user set only guards: a build that runs longer fails (OverBudget), writing nothing."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -47,7 +47,7 @@ def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, corpus_path
     from moespac.models.tokenizer import train_tokenizer
 
     start = time.perf_counter()
-    deadline = start + 60 * cfg.budget_minutes
+    deadline = None if cfg.budget_minutes is None else start + 60 * cfg.budget_minutes
     out = Path(out)
     for sub in ("target", "draft"):
         if (out / sub).exists() and any((out / sub).iterdir()) and not force:
@@ -55,7 +55,7 @@ def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, corpus_path
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
-    guard = f" of {cfg.budget_minutes:g} min"
+    guard = "" if cfg.budget_minutes is None else f" of {cfg.budget_minutes:g} min"
     torch.manual_seed(seed)
     try:
         holdout, n_prompts = corpora.benchmark_holdout()
@@ -139,8 +139,8 @@ def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, corpus_path
             draft=dict(params=n_params(draft), **draft_log), held_back=val, routing=routing,
             preparation_s=round(prep_s, 1), wall_s=round(time.perf_counter() - start, 1))
         write_card(out, card)
-        log(f"wrote {out}/target, {out}/draft and {out}/MODEL_CARD.md in {card['wall_s']:.0f}s "
-            f"(guard {60 * cfg.budget_minutes:.0f}s)")
+        log(f"wrote {out}/target, {out}/draft and {out}/MODEL_CARD.md in {card['wall_s']:.0f}s" +
+            (f" (guard {60 * cfg.budget_minutes:.0f}s)" if cfg.budget_minutes is not None else ""))
         return card
     finally:
         torch.set_num_threads(prev_threads)

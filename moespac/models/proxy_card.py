@@ -28,6 +28,7 @@ def render(c: dict) -> str:
     cfg, corpus, tgt, dft, val, rt = c["config"], c["corpus"], c["target"], c["draft"], c["held_back"], c["routing"]
     m = c["machine"]
     load = f", load average {c['load_average_at_start']:.1f} at start" if c.get("load_average_at_start") is not None else ""
+    guard = f" within a {60 * cfg['budget_minutes']:.0f} s guard" if cfg.get('budget_minutes') is not None else ""
     lines = [
         f"# {c['title']}", "",
         f"**{DISCLAIMER}**", "",
@@ -75,7 +76,7 @@ def render(c: dict) -> str:
         f"max {rt['top10_share_max']:.3f}), busiest expert / mean load {rt['max_over_mean_load']:.2f}, "
         f"at most {rt['unused_experts_max']} unused experts in a layer.", "",
         "## Run", "",
-        f"- wall time {c['wall_s']} s within a {60 * cfg['budget_minutes']:.0f} s guard (preparation {c['preparation_s']} s); "
+        f"- wall time {c['wall_s']} s{guard} (preparation {c['preparation_s']} s); "
         f"seed {c['seed']}; torch threads {c['threads']}; the weights depend on the config, seed, data and software, "
         "not on the machine's speed",
         f"- machine: {m['platform']}, {m['cpu']}, {m['cpu_count']} CPUs{load}; python {m['python']}, "
