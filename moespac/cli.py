@@ -16,6 +16,7 @@ import threading
 
 from moespac import pinning
 from moespac.errors import MoespacError
+from moespac.iopaths import check_io
 from moespac.record import mark_started
 
 DESCRIPTION = ("Reproduce and benchmark MoE-SpAc (arXiv 2603.09983), which schedules the experts of a "
@@ -53,7 +54,6 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     import moespac.commands as commands
-
     from moespac import __version__
 
     parser = Parser(prog="moespac", description=DESCRIPTION, epilog=EPILOG)
@@ -93,9 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
+        if getattr(args, "io", None) is not None:
+            check_io(args, args.io)  # before any work: no output replaces an input, every output can be written
         rc = args.func(args)
     except MoespacError as e:
         print(f"moespac {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a folder that takes no file, a full disk: the path and the reason, not a traceback
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"moespac {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except Terminated:
         print(f"moespac {args.command}: terminated", file=sys.stderr)

@@ -81,13 +81,22 @@ class Request:
 
 def _json_lines(path: Path):
     """(line number, parsed JSON) of each non-blank line."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise MoespacError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
             if line.strip():
                 try:
                     yield n, json.loads(line)
                 except ValueError as e:
-                    raise MoespacError(f"{path}:{n}: not JSON ({e.msg})") from None
+                    raise MoespacError(f"{path}:{n}: not JSON ({getattr(e, 'msg', e)})") from None
+                except RecursionError:
+                    raise MoespacError(f"{path}:{n}: JSON nested too deeply to be a routing record") from None
+
+
+MAX_EXPERTS = np.iinfo(np.int16).max  # traces store expert ids as int16
 
 
 def _int(x) -> bool:
@@ -148,7 +157,11 @@ def _sglang_request(resp, where: str, num_experts: int, num_layers: int | None, 
                            f"completion_tokens {done} - 1) rows x {shape} (another model, or routed_experts_start_len > 0?)")
     ids = flat.reshape(rows, -1, top_k)
     _check_range(ids, num_experts, where)
-    rate = meta.get("spec_accept_rate")
+    rate, verify_ct = meta.get("spec_accept_rate"), meta.get("spec_verify_ct")
+    if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate <= 1):
+        raise MoespacError(f"{where}: meta_info.spec_accept_rate {rate!r} is not a share in [0, 1]")
+    if verify_ct is not None and not (_int(verify_ct) and verify_ct >= 0):
+        raise MoespacError(f"{where}: meta_info.spec_verify_ct {verify_ct!r} is not a count of verify forwards (>= 0)")
     return Request(str(meta.get("id") or where), prompt, ids, None,
                    float(rate) if isinstance(rate, (int, float)) and meta.get("spec_verify_ct") else None,
                    int(meta.get("spec_verify_ct") or 0))
@@ -173,6 +186,8 @@ def _grid(value, name: str, where: str, is_number) -> list:
         raise MoespacError(f"{where}: ragged {name}: its layers hold {widths} entries")
     if widths[0] == 0 or not all(is_number(x) for r in value for x in r):
         raise MoespacError(f"{where}: {name} must hold {'integers' if name == 'layers' else 'numbers'}")
+    if name == "layers" and (big := next((x for r in value for x in r if abs(x) > MAX_EXPERTS), None)) is not None:
+        raise MoespacError(f"{where}: expert id {big} is larger than any model's ({MAX_EXPERTS} at most)")
     return value
 
 
@@ -384,8 +399,8 @@ def _read(path: Path, fmt: str, spec: ModelSpec | None, num_experts: int | None,
     if top_k is not None and (spec is not None or fmt != "sglang"):
         raise MoespacError("--top-k is for --format sglang without --model-spec (otherwise the spec or the data says it)")
     E = spec.num_experts if spec else num_experts
-    if E < 1:
-        raise MoespacError(f"--num-experts {E} must be >= 1")
+    if not 1 <= E <= MAX_EXPERTS:
+        raise MoespacError(f"--num-experts {E} must be in [1, {MAX_EXPERTS}] (a trace stores expert ids as int16)")
     if fmt == "jsonl":
         requests = read_jsonl(path, E)
     else:

@@ -62,7 +62,10 @@ def parse_policy(spec: str) -> tuple[str, dict]:
         key, eq, value = item.partition("=")
         if not eq:
             raise MoespacError(f"policy option {item!r} in {spec!r} is not key=value")
-        kwargs[key.strip().replace("-", "_")] = _parse_value(value.strip())
+        key = key.strip().replace("-", "_")
+        if key in kwargs:
+            raise MoespacError(f"policy option {key!r} given twice in {spec!r}")
+        kwargs[key] = _parse_value(value.strip())
     return name.strip(), kwargs
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,7 +188,7 @@ def load_trace(path: str | Path) -> Trace:
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as e:  # zlib: a flipped byte in a member
         raise MoespacError(f"trace {path}: unreadable or truncated ({type(e).__name__}: {e})") from None
     if "meta" not in data:
         raise MoespacError(f"trace {path}: no meta entry (not a moespac trace)")

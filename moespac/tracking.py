@@ -40,9 +40,18 @@ MAX_PARAM = 6000  # MLflow's limit on a param value
 BATCH = 100
 
 
+URI_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+
+
 def tracking_uri(uri: str | None = None) -> str:
-    """The given URI, else $MLFLOW_TRACKING_URI, else the project's SQLite store."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    """The given URI, else $MLFLOW_TRACKING_URI, else the project's SQLite store; a scheme MLflow's stores do not
+    take is refused here, in one line (MLflow raises two chained tracebacks for it)."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    scheme = uri.partition("://")[0].lower() if "://" in uri else ""
+    if scheme not in URI_SCHEMES:
+        raise MoespacError(f"tracking URI {uri!r}: scheme {scheme!r} is not one MLflow stores runs in "
+                           f"({', '.join(s for s in URI_SCHEMES if s)}, or a folder path)")
+    return uri
 
 
 def flatten(obj, prefix: str = "") -> dict:

@@ -4,6 +4,10 @@ depend on other config values."""
 
 from __future__ import annotations
 
+import math
+import re
+from pathlib import Path
+
 from moespac.catalogue import get_method
 from moespac.errors import MoespacError, check_context
 from moespac.policy import SIGNALS
@@ -173,6 +177,33 @@ def check_names(config: dict) -> None:
     for key, value in walk(config):
         if key.rsplit(".", 1)[-1].split("[")[0] in ("pair", "trace_pair", "pairs", "fallback_pair"):  # pairs[i]: names
             need(key, value, set(pairs), "model pair (a key of 'pairs')")
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def validate_config(config: dict, schema: str | Path) -> None:
+    """The JSON schema's verdict in one line naming the key (not the whole schema, as jsonschema prints it), after
+    refusing what JSON Schema lets through: NaN and infinity pass every `minimum`/`maximum` test."""
+    import jsonschema
+    import yaml
+
+    for key, value in walk(config):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise MoespacError(f"config key {key}: {value} is not a finite number")
+    with open(schema) as f:
+        spec = yaml.safe_load(f)
+    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(spec)(spec).iter_errors(config))
+    if error is not None:
+        key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error.absolute_path).replace(".[", "[")
+        message = error.message if len(error.message) <= 300 else error.message[:300] + " ..."
+        raise MoespacError(f"config key {key or '(top level)'}: {message}")
+    for name, pair in config.get("pairs", {}).items():
+        for role in ("target", "draft"):
+            ref = pair.get(role)
+            if ref and not HUB_ID.match(ref):
+                raise MoespacError(f"config key pairs.{name}.{role}: {ref!r} is not a hub id (org/name); the workflow "
+                                   "downloads hub pairs (a local pair: `build`, or `moespac bench --target DIR`)")
 
 
 def walk(obj, prefix: str = ""):

@@ -158,23 +158,28 @@ class Prepared:
 # ---- entry points ---------------------------------------------------------------------------------------
 
 def run_to_file(cfg: BenchConfig, out, trace_out=None, progress: bool = True, skip_valid: bool = False) -> dict:
-    """Run and write the record to `out` atomically; on any error write OUT.failure.json instead and re-raise.
+    """Run and write the record to `out` atomically; on an error of the run write OUT.failure.json instead and
+    re-raise. Input refused while preparing (a corrupt trace, a bad model folder) writes nothing: one line says it.
 
     skip_valid: when `out` already holds a valid, complete record of this very config, return it unrun.
     """
-    config = {"requested": asdict(cfg)}  # until the config resolves
     try:
         prep = prepare(cfg)
-        config = prep.config
+    except MoespacError:
+        raise
+    except BaseException as e:  # interrupted or broken while loading: the pipeline's failure record
+        write_failure(out, "bench", cfg.timing, {"requested": asdict(cfg)}, e)
+        raise
+    try:
         if skip_valid:
-            old = load_valid_record(out, stable_hash(config))
+            old = load_valid_record(out, stable_hash(prep.config))
             if old is not None:
                 return old
         record = execute(cfg, prep, trace_out, progress)
         write_result(out, record)
         return record
     except BaseException as e:
-        write_failure(out, "bench", cfg.timing, config, e)
+        write_failure(out, "bench", cfg.timing, prep.config, e)
         raise
 
 

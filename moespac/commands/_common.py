@@ -10,10 +10,10 @@ from moespac.errors import MoespacError, check_unit_interval
 
 
 def floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    values = [finite(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values
 
 
 def finite(text: str) -> float:
@@ -27,11 +27,25 @@ def finite(text: str) -> float:
     return x
 
 
+MAX_GIB = 2.0**20  # a mebibyte of GiB: more memory than any machine, small enough that bytes stay exact integers
+
+
+def gib(text: str) -> float:
+    """A memory size in GiB (argparse type): finite, not negative, at most MAX_GIB."""
+    x = finite(text)
+    if not 0 <= x <= MAX_GIB:
+        raise argparse.ArgumentTypeError(f"expected GiB in [0, {MAX_GIB:.0f}], got {text!r}")
+    return x
+
+
 def ints(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
 
 
 def add_model_args(p: argparse.ArgumentParser, draft_required: bool = False, target_required: bool = True) -> None:
@@ -60,7 +74,7 @@ def add_cache_args(g, *names: str) -> None:
     from moespac.cache import CacheSize
 
     add_field_args(g, CacheSize, *(names or ("cache_ratio", "cache_gib", "per_layer")), cache_ratio=dict(type=finite),
-                   cache_gib=dict(type=finite), per_layer=dict(flag="--per-layer-cache"))
+                   cache_gib=dict(type=gib), per_layer=dict(flag="--per-layer-cache"))
 
 
 def add_memory_args(g) -> None:
@@ -69,22 +83,11 @@ def add_memory_args(g) -> None:
     from moespac.engine.session import EngineConfig
 
     add_cache_args(g, "cache_ratio", "cache_gib")
-    add_field_args(g, EngineConfig, "gpu_gib", "host_gib", gpu_gib=dict(type=finite), host_gib=dict(type=finite))
-
-
-def check_output_paths(args, *names: str) -> None:
-    """Output files named by these options must not be folders (checked before any work, not at the end)."""
-    from pathlib import Path
-
-    for name in names:
-        value = getattr(args, name, None)
-        if value and Path(value).is_dir():
-            raise MoespacError(f"--{name.replace('_', '-')} {value}: is a folder; give a file path to write")
+    add_field_args(g, EngineConfig, "gpu_gib", "host_gib", gpu_gib=dict(type=gib), host_gib=dict(type=gib))
 
 
 def check_engine_args(args) -> None:
     """Validate before any model is loaded, so bad input fails fast and writes nothing."""
-    check_output_paths(args, "json", "trace", "out")
     if getattr(args, "draft", None) and args.gamma < 1:
         raise MoespacError(f"--gamma {args.gamma} must be >= 1")
     check_unit_interval("--cache-ratio", args.cache_ratio)  # the flag the user typed, named as typed

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moespac.commands._common import add_engine_args, add_model_args, check_output_paths, finite
+from moespac.commands._common import add_engine_args, add_model_args, finite
 from moespac.configargs import add_field_args, config_from_args
 from moespac.errors import MoespacError
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -40,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--skip-valid", action="store_true",
                    help="do nothing when --out already holds a valid record of this config")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("out", "trace"), inputs=("from_trace", "target", "draft", "model_pair")))
 
 
 def model_refs(args) -> tuple[str | None, str | None]:
@@ -62,7 +63,6 @@ def model_refs(args) -> tuple[str | None, str | None]:
 def run(args) -> int:
     from moespac.bench.harness import BenchConfig, run_to_file
 
-    check_output_paths(args, "out", "trace")
     target, draft = model_refs(args)
     policy, no_draft = args.policy, args.no_draft
     if args.method is not None:

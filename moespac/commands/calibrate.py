@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from moespac.atomic import atomic_path
 from moespac.commands._common import ints
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -21,7 +23,7 @@ def register(sub) -> None:
     p.add_argument("--tokens", type=ints, default=None, metavar="N,N,...",
                    help="token counts of the expert-time sweep (default 1,2,4,...,512)")
     p.add_argument("--threads", type=int, default=None, help="host threads (default: torch's; set the engine's)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("out",)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +33,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.hidden < 8 or args.expert_ffn < 8 or args.repeats < 1:
         raise MoespacError("--hidden and --expert-ffn must be >= 8 and --repeats >= 1")
+    expert_gib = 3 * args.hidden * args.expert_ffn * 4 / 2**30  # gate, up, down in fp32 (the sweep's host dtype)
+    host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    if expert_gib > host_gib / 8:  # the timing cycles several experts through memory at once
+        raise MoespacError(f"--hidden {args.hidden} x --expert-ffn {args.expert_ffn}: one expert is {expert_gib:.3g} GiB, "
+                           f"more than an eighth of this machine's {host_gib:.0f} GiB")
     if args.tokens is not None and (not args.tokens or min(args.tokens) < 1):
         raise MoespacError(f"--tokens {args.tokens}: positive token counts")
     if args.threads is not None and args.threads < 1:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from moespac.iopaths import IO
+
 
 def register(sub) -> None:
     p = sub.add_parser("derive-ar-trace", help="the AR trace of a batch-1 speculative trace's kept tokens",
@@ -12,16 +14,14 @@ def register(sub) -> None:
     p.add_argument("trace", metavar="SD_TRACE", help="a speculative trace recorded by `moespac bench` (batch 1)")
     p.add_argument("--out", required=True, help="AR trace to write (.npz)")
     p.add_argument("--json", default=None, metavar="RECORD", help="write a small record of the derivation here")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("out", "json"), inputs=("trace",), positional=("trace",)))
 
 
 def run(args: argparse.Namespace) -> int:
     from moespac.ar_trace import ar_from_speculative
     from moespac.atomic import write_json
-    from moespac.commands._common import check_output_paths
     from moespac.trace import load_trace
 
-    check_output_paths(args, "out", "json")
     sd = load_trace(args.trace)
     ar = ar_from_speculative(sd, f"trace {args.trace}")
     ar.save(args.out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from moespac.commands._common import add_engine_args, add_model_args, check_engine_args, finite
 from moespac.errors import MoespacError
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -18,7 +19,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the result record here")
     p.add_argument("--trace", default=None, help="write the activation trace (.npz) here")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("json", "trace"), inputs=("target", "draft")))
 
 
 def encode_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
@@ -28,10 +29,10 @@ def encode_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
 
 
 def run(args) -> int:
+    from moespac.bench.records import write_result
     from moespac.engine.session import EngineSession, config_from_args
     from moespac.engine.speculative import Sampling
     from moespac.models.registry import spec_from_config
-    from moespac.bench.records import write_result
     from moespac.record import make_record
 
     check_engine_args(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from moespac.commands._common import finite
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -35,16 +36,14 @@ def register(sub) -> None:
     p.add_argument("--model", default=None,
                    help="the model that routed, as records and tables name it (default: the --model-spec name)")
     p.add_argument("--json", default=None, metavar="RECORD", help="write a small import record here")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("out", "json"), inputs=("file",), positional=("file",)))
 
 
 def run(args: argparse.Namespace) -> int:
     from moespac.atomic import write_json
-    from moespac.commands._common import check_output_paths
     from moespac.import_trace import import_trace
     from moespac.sim.simulate import spec_named
 
-    check_output_paths(args, "out", "json")
     spec = spec_named(args.model_spec) if args.model_spec else None
     trace, summary = import_trace(args.file, args.format, args.gamma, args.acceptance, spec, args.num_experts, args.top_k,
                                   limit=args.limit, max_new_tokens=args.max_new_tokens, benchmark=args.benchmark,

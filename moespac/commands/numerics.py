@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from moespac.iopaths import IO
+
 
 def register(sub) -> None:
     p = sub.add_parser("numerics", help="NMSE of the hybrid MoE layer vs the stock transformers layer (Table 6)")
     p.add_argument("--no-realistic", action="store_true", help="skip the 2048x768, E=128 layer (2.4 GB of fp32 weights)")
     p.add_argument("--json", default=None, help="write the rows here")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("json",)))
 
 
 def run(args) -> int:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from moespac.atomic import write_json
-from moespac.commands._common import add_memory_args, check_output_paths
+from moespac.commands._common import add_memory_args
 from moespac.configargs import add_field_args
 from moespac.errors import MoespacError
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -24,7 +25,19 @@ def register(sub) -> None:
                    help="also write the verdict as JSON (atomically); a plan that cannot fit is then recorded "
                         "(fits: false, with the reason) and the command succeeds; the workflow makes the same verdict "
                         "(moespac.engine.session.plan_verdict) to pick a Table 3 model's own trace or its fallback")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("json",), inputs=("target", "draft")))
+
+
+def check_context_fits(args) -> None:
+    """An explicit --context longer than the target's positions is refused (the engine's own calls clamp theirs)."""
+    from moespac.models.hub_configs import load_config
+
+    config = load_config(args.target, args.trust_remote_code, "target")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    longest = getattr(text, "max_position_embeddings", None)
+    if longest is not None and args.context > longest:
+        raise MoespacError(f"--context {args.context} is longer than the target's {longest} positions "
+                           "(max_position_embeddings)")
 
 
 def run(args) -> int:
@@ -32,10 +45,10 @@ def run(args) -> int:
 
     from moespac.engine.session import EngineConfig, plan_for, plan_verdict
 
-    check_output_paths(args, "json")
     device = args.device or ("cuda" if args.gpu_gib is not None or torch.cuda.is_available() else "cpu")
     if device == "cuda" and args.gpu_gib is None and not torch.cuda.is_available():
         raise MoespacError("--gpu-gib: give the GPU's memory (no CUDA device here to read it from)")
+    check_context_fits(args)
     cfg = EngineConfig(target=args.target, draft=args.draft, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
                        cache_ratio=args.cache_ratio, cache_gib=args.cache_gib, gpu_gib=args.gpu_gib,
                        host_gib=args.host_gib, context=args.context, batch_size=args.batch_size, gamma=args.gamma)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from moespac.commands._common import finite
 from moespac.errors import MoespacError
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -20,16 +21,16 @@ def register(sub) -> None:
     p.add_argument("--json", default=None, help="write a result record (timing: measured) here")
     p.add_argument("--trace-dir", default=None, help="write one activation trace per benchmark (NAME.npz) here")
     p.add_argument("--markdown", default=None, help="also write the printed table to this Markdown file")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("json", "markdown"), inputs=("pair",)))
 
 
 def run(args) -> int:
     import torch
     from tqdm import tqdm
 
+    from moespac.bench.records import write_result
     from moespac.datasets import BENCHMARKS
     from moespac.experiments import proxy_stats
-    from moespac.bench.records import write_result
     from moespac.record import make_record
 
     names = list(BENCHMARKS) if args.benchmarks.strip().lower() == "all" else \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from moespac.analysis.outputs import get_output, names
 from moespac.errors import MoespacError, check_unit_interval
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -28,13 +29,13 @@ def register(sub) -> None:
     a.add_argument("--table1", default=None, help="our paper_figs/table1.csv, to compare our numbers with each claim")
     a.add_argument("--table2", default=None, help="our paper_figs/table2.csv, to compare our ablations with the claim")
     a.add_argument("--out", required=True, help="Markdown file")
-    a.set_defaults(func=run_audit)
+    a.set_defaults(func=run_audit, io=IO(outputs=("out",), inputs=("table1", "table2")))
 
     o = rsub.add_parser("overhead", help="time MoE-SpAc's estimator and balancer at Qwen3-30B-A3B's shape (measured)")
     o.add_argument("--alpha", type=float, default=0.8, help="acceptance rate that sets the verify steps")
     o.add_argument("--repeats", type=int, default=5)
     o.add_argument("--json", required=True, help="write the result record here")
-    o.set_defaults(func=run_overhead)
+    o.set_defaults(func=run_overhead, io=IO(outputs=("json",)))
 
     w = rsub.add_parser("whatif-locality", help="simulated tokens/s of Table 1 methods against routing locality "
                         "(synthetic traces, plus recorded ones on the same axis)")
@@ -49,7 +50,7 @@ def register(sub) -> None:
     w.add_argument("--allow-topology-mismatch", action="store_true", help="for recorded traces of a proxy's shape")
     w.add_argument("--json", required=True, help="write the result record here")
     w.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.md, PREFIX.png and PREFIX.pdf")
-    w.set_defaults(func=run_whatif_locality)
+    w.set_defaults(func=run_whatif_locality, io=IO(outputs=("json",), inputs=("recorded",)))
 
     r = rsub.add_parser("routing-stats", help="routing statistics of traces (concentration, distinct experts per "
                         "step, reuse, hot/cold accuracy, sMAPE, simulated MoE-SpAc hit rate) beside the paper's")
@@ -100,8 +101,8 @@ def run_audit(args) -> int:
 
 def run_overhead(args) -> int:
     from moespac.bench.records import write_result
-    from moespac.record import make_record
     from moespac.experiments.overhead import PAPER, measure
+    from moespac.record import make_record
 
     if not 0 <= args.alpha < 1 or args.repeats < 1:
         raise MoespacError("--alpha must lie in [0, 1) and --repeats be >= 1")

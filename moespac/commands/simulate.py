@@ -15,6 +15,7 @@ from moespac.bench.records import write_result
 from moespac.commands._common import add_cache_args
 from moespac.configargs import add_field_args, config_from_args
 from moespac.errors import MoespacError
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -32,15 +33,13 @@ def register(sub) -> None:
                    help="a bench trace's replay: the table row it is a cell of (`moespac policy list`), as "
                         "`moespac bench --method`")
     p.add_argument("--json", default=None, metavar="OUT", help="write the result record here")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, io=IO(outputs=("json",), inputs=("trace",)))
 
 
 def run(args: argparse.Namespace) -> int:
-    from moespac.commands._common import check_output_paths
     from moespac.sim.simulate import SimConfig, simulate
     from moespac.trace import load_trace
 
-    check_output_paths(args, "json")
     cfg = config_from_args(SimConfig, args, profile_traces=tuple(args.profile_traces))
     trace = load_trace(cfg.trace)
     if isinstance(trace.meta.get("bench"), dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from moespac.errors import MoespacError
+from moespac.iopaths import IO
 
 
 def register(sub) -> None:
@@ -17,11 +18,12 @@ def register(sub) -> None:
                    help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db)")
     i.add_argument("--artifact-root", default="results/mlflow/artifacts", help="folder for new experiments' artifacts")
     i.add_argument("--summary", default=None, help="write what was created / updated here (JSON)")
-    i.set_defaults(func=run_ingest)
+    i.set_defaults(func=run_ingest, io=IO(outputs=("summary",), inputs=("outputs",)))
 
 
 def run_ingest(args) -> int:
     import logging
+    import os
     from dataclasses import asdict
 
     from moespac.atomic import write_json
@@ -31,6 +33,9 @@ def run_ingest(args) -> int:
     studies: dict[str, list[str]] = {}
     for name, *records in args.study:
         studies.setdefault(name, []).extend(records)
+    for path in args.outputs:
+        if not os.path.isfile(path):
+            raise MoespacError(f"--outputs {path}: no such file")
     if not studies and not args.outputs:
         raise MoespacError("nothing to ingest: give --study NAME RECORD... or --outputs")
     summary = ingest(studies, args.outputs, args.tracking_uri, args.artifact_root)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from moespac.iopaths import IO
+
 HELP = {
     "llamacpp": "llama.cpp built from the PyPI sdist: plain or speculative decoding, experts on the host",
     "accelerate": "transformers device_map='auto' with max_memory limits (HF Accelerate offload)",
@@ -24,4 +26,4 @@ def register(sub) -> None:
     bp = systems.add_parser("build-llamacpp", help="build llama.cpp once (the pipeline's cacheable step)")
     add_build_arguments(bp)
     bp.add_argument("--json", default=None, help="also write the build description here")
-    bp.set_defaults(func=main_build)
+    bp.set_defaults(func=main_build, io=IO(outputs=("json",)))

@@ -5,16 +5,14 @@ import re
 from types import SimpleNamespace
 from shlex import quote  # every config value that reaches a shell goes through it (the schema restricts them too)
 
-from snakemake.utils import validate
-
 from moespac.analysis.outputs import OUTPUTS, lookup, names as output_names
 from moespac.datasets import BENCHMARKS as KNOWN_BENCHMARKS, get_benchmark
 from moespac.models.micro import ARCHS as MICRO_ARCHS
 from moespac.registry import make_policy
 from moespac.catalogue import get_method, k_method
-from moespac.workflow_checks import check_limits, check_names, table3_choice
+from moespac.workflow_checks import check_limits, check_names, table3_choice, validate_config
 
-validate(config, schema="../schemas/config.schema.yaml")
+validate_config(config, f"{workflow.current_basedir}/../schemas/config.schema.yaml")
 check_names(
     config
 )  # benchmark / method / policy / hardware / model-spec names, naming the key
