@@ -349,3 +349,22 @@ def test_hostile_config_values_never_reach_a_shell(tmp_path, edit, key):
     assert not (tmp_path / "pwned").exists() and not (REPO / "pwned").exists()
     assert not (tmp_path / "results").exists()
 
+
+
+HOSTILE_LABEL = "<script>alert(1)</script><img src=x onerror=alert(2)> javascript:alert(3) .. raw:: html"
+
+
+def test_a_hostile_label_reaches_the_report_as_text(tiny_study, tmp_path):
+    """A pair label is free text from a config: the report quotes it as an RST inline literal, so markup in it is
+    shown, never run (Snakemake's report renders captions with dangerouslySetInnerHTML). A label that could leave
+    the literal (a newline, a backquote) is refused by the schema."""
+    hostile = bad_config(tmp_path, lambda c: c["pairs"]["micro"].update(label=HOSTILE_LABEL))
+    r = snakemake("--report", tmp_path / "report.html", "--configfile", hostile, cwd=tiny_study)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    page = (tmp_path / "report.html").read_text()
+    # docutils escapes the literal's text (and wraps its words in spans): the markup is there as text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&lt;img" in page and "onerror=alert(2)&gt; javascript:alert(3)" in page
+    assert "<script>alert(1)" not in page and "<img src=x" not in page and 'href="javascript:' not in page
+    for label in ("two\n.. raw:: html\n\n   <script>alert(1)</script>", "`x <javascript:alert(1)>`_"):
+        bad = bad_config(tmp_path, lambda c: c["pairs"]["micro"].update(label=label))
+        assert_refused_before_any_job(tmp_path, bad, ["pairs.micro.label"])
