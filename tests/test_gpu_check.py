@@ -15,6 +15,8 @@ def test_gpu_check_dry_mode_runs_every_step(tmp_path):
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_engine_check.json").read_text())
+    assert summary["failed"] == {} and summary["skipped"] == []
+    assert summary["versions"]["moespac_from"] == str(REPO / "moespac")  # this tree, not an installed copy
     log = (tmp_path / "gpu_engine_check.log").read_text()
     assert log.startswith(f"# command: python benchmarks/gpu_engine_check.py --out {tmp_path} --dry")
     for arch in ("qwen3_moe", "deepseek_v2"):
