@@ -16,7 +16,7 @@ PACKAGES = ("moespac", "baselines")
 
 # bottom to top; a module belongs to the layer of its longest matching prefix
 LAYERS = [
-    ("foundation", ["moespac.errors", "moespac.pinning", "moespac.atomic", "moespac.hashing", "moespac.environment", "moespac.fetch",
+    ("foundation", ["moespac.errors", "moespac.pinning", "moespac.iopaths", "moespac.atomic", "moespac.hashing", "moespac.environment", "moespac.fetch",
                     "moespac.record", "moespac.reference", "moespac.prompts", "moespac.datasets", "moespac.routing",
                     "moespac.models", "moespac.configargs"]),
     ("interface", ["moespac.policy", "moespac.cache", "moespac.trace"]),
@@ -24,7 +24,7 @@ LAYERS = [
     ("drivers", ["moespac.engine", "moespac.sim", "moespac.numerics", "moespac.lossless"]),
     ("runs", ["moespac.bench", "moespac.import_trace", "moespac.ar_trace", "baselines.wrapped", "moespac.experiments",
               "moespac.workflow_checks"]),
-    ("outputs", ["moespac.analysis", "moespac.tracking"]),
+    ("outputs", ["moespac.analysis", "moespac.tracking", "moespac.manifest"]),
     ("entry points", ["moespac.cli", "moespac.commands", "moespac.__main__", "moespac"]),
 ]
 

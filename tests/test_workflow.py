@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from moespac.bench.records import read_record, validate_record
+from moespac.cli import main
 from moespac.tracking import KEY_TAG
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,9 +23,9 @@ TINY = REPO / "tests" / "fixtures" / "workflow_tiny.yaml"
 BIN = Path(sys.executable).parent
 
 
-def snakemake(*args, cwd=REPO, timeout=900):
+def snakemake(*args, cwd=REPO, timeout=900, env=None):
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
+               TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg", **(env or {}))
     return subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, env=env, timeout=timeout)
 
@@ -284,12 +285,19 @@ def _simulated_rows(csv: Path) -> list[str]:
 
 
 def test_two_clean_runs_write_identical_traces_and_simulated_outputs(tiny_study, tmp_path):
-    """Everything but a timing is deterministic: a second study from scratch, in another folder and without the
-    interrupt, writes byte-identical traces, simulated records and figures, and the same simulated table cells.
-    Measured and wrapped records differ (they are timed) and are not compared."""
-    r = snakemake("--cores", 2, "--configfile", TINY, cwd=tmp_path)
+    """Everything but a timing is deterministic: a second study from scratch, in another folder, without the
+    interrupt and with another machine's kernels emulated (the libraries' own instruction-set switches), writes
+    byte-identical weights, traces, simulated records and figures, and the same simulated table cells; the
+    manifest of the first run says so of the second. Measured and wrapped records differ (they are timed) and are
+    not compared."""
+    from test_pinning import EMULATE_ANOTHER_MACHINE
+
+    r = snakemake("--cores", 2, "--configfile", TINY, cwd=tmp_path, env=EMULATE_ANOTHER_MACHINE)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     first, second = tiny_study, tmp_path
+    manifest = tmp_path / "MANIFEST.json"
+    assert main(["manifest", "write", "--results", str(first / "results"), "--out", str(manifest)]) == 0
+    assert main(["manifest", "check", str(manifest), "--results", str(second / "results")]) == 0
 
     def files(root, pattern):
         return sorted(p.relative_to(root).as_posix() for p in root.glob(pattern))
@@ -309,6 +317,10 @@ def test_two_clean_runs_write_identical_traces_and_simulated_outputs(tiny_study,
         rows = _simulated_rows(first / name)
         assert rows == _simulated_rows(second / name), name
     assert len(_simulated_rows(first / "paper_figs/table1.csv")) > 5
+    # and the check can fail: one changed trace is named, and the stage it starts from
+    trace = second / "results/traces/micro/gsm8k/g4-b1-n6.npz"
+    trace.write_bytes(trace.read_bytes()[:-1] + b"x")
+    assert main(["manifest", "check", str(manifest), "--results", str(second / "results")]) == 1
 
 
 def test_a_clean_clone_rebuilds_every_output(tiny_study):

@@ -66,12 +66,23 @@ class ExpertLayout:
 
 
 def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """torch's grouped matmul has kernels for fp32/bf16/fp16 on CPUs and on CUDA from compute capability 8.0."""
+    """Whether this torch's F.grouped_mm (public since 2.10; never fp64) takes the engine's inputs here.
+
+    CUDA, checked against torch 2.11 and 2.13 (their F.grouped_mm and _grouped_mm_cuda are the same): every
+    compute capability from 8.0 runs it (bf16 on sm90/sm100 in one kernel, the rest as a per-group loop inside
+    torch), with strides of 16-byte multiples, which the experts' widths (multiples of 8) give. CPU: 2.10-2.12
+    refuse strides that are not 16-byte multiples, so before 2.13 the host takes the engine's own per-group
+    loop, which every version runs."""
     if not hasattr(F, "grouped_mm") or dtype == torch.float64:
         return False
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 0)
-    return device.type == "cpu"
+    return device.type == "cpu" and _torch_version() >= (2, 13)
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor | None, counts: np.ndarray,

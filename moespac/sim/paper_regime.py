@@ -1,0 +1,259 @@
+"""Paper-regime routing: synthetic activation traces at a target model's own topology (Qwen3-30B-A3B: 48 MoE
+layers x 128 experts, top-8) whose statistics are fitted to what the paper reports about its routing, never
+to a throughput.
+
+The router model, per request (all draws from one seeded generator):
+- popularity: each layer has static expert logits ~ N(0, skew^2) (assumed, `skew`);
+- persistence: a drifting part, AR(1) with correlation `persistence` from one decode step to the next and
+  the same stationary spread, so the hot set moves slowly (fitted to the paper's sMAPE, App. B.1);
+- cross-layer correlation: a token that ran expert e at layer l adds `coupling` to expert pi_l(e)'s logit at
+  layer l + 1 (pi_l a fixed random permutation), as adjacent layers' gate inputs are alike; the trace's
+  `cross_topk` (layer l + 1's router on layer l's input, what FATE and SpecExp read) is the top-k of layer
+  l + 1's logits without the token's own noise, so the prediction exists and is right as often as the
+  routing is predictable;
+- tokens of one step: top-k of the step's logits plus `temperature` x Gumbel noise per token; a low
+  temperature makes the gamma + 1 tokens of a verify step share experts (a/b of App. A.1, fitted per
+  benchmark);
+- drafts: accepted in turn with probability `accept` until the first rejection (alpha of App. A.1).
+
+A verify step's rows 0..emitted-1 are tokens the output keeps; the AR trace of the same request replays exactly
+those rows as one-token steps (as moespac.ar_trace derives an AR trace from a recorded one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from moespac.errors import MoespacError
+from moespac.models.registry import ModelSpec
+from moespac.trace import KINDS, SCHEMA_VERSION, Trace
+
+SOURCE = "synthetic, fitted to the paper's App. A.1 and B.1 routing statistics"
+
+
+@dataclass(frozen=True)
+class RoutingParams:
+    """One benchmark's routing, as the generator takes it."""
+
+    accept: float
+    """Per-draft acceptance probability (the paper's alpha, App. A.1)."""
+    temperature: float = 1.0
+    """Spread of the tokens of one step around the step's logits (fitted to a/b, App. A.1)."""
+    persistence: float = 0.9
+    """Step-to-step correlation of the drifting logits (fitted to sMAPE, App. B.1)."""
+    skew: float = 1.5
+    """Spread of the static per-layer expert popularity (assumed: the paper reports no concentration figure)."""
+    coupling: float = 1.0
+    """Logit added at layer l + 1 to the expert a token's layer-l experts lead to (assumed; makes cross-layer
+    predictions mean something)."""
+
+    def __post_init__(self):
+        for key, lo, hi in (("accept", 0.0, 1.0), ("temperature", 1e-3, 100.0), ("persistence", 0.0, 0.9999),
+                            ("skew", 0.0, 100.0), ("coupling", 0.0, 100.0)):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and lo <= v <= hi):
+                raise MoespacError(f"routing parameter {key} = {v!r} outside [{lo}, {hi}]")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a trace holds: its requests and their lengths (the study's, so replays compare like for like)."""
+
+    requests: int = 4
+    new_tokens: int = 256
+    prompt_tokens: int = 64
+    gamma: int = 8
+
+
+def _topk(logits: np.ndarray, k: int) -> np.ndarray:
+    return np.argpartition(-logits, k - 1, axis=-1)[..., :k]
+
+
+def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.ndarray):
+    """(rows [n, L, k], cross [n, L, k], steps [(kind, tokens, gamma, accepted, emitted)]) of one request."""
+    L, E, k, g = spec.num_moe_layers, spec.num_experts, spec.top_k, shape.gamma
+    base = rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
+    drift = rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
+    innov = np.float32(np.sqrt(1.0 - p.persistence ** 2))
+    rows, cross, steps, emitted = [], [], [], 0
+    while emitted < shape.new_tokens:
+        if emitted == 0:
+            kind, n, gam, acc, out = "prefill", shape.prompt_tokens, 0, 0, 1
+        else:
+            ok = rng.random(g) < p.accept
+            acc = g if ok.all() else int(np.argmin(ok))
+            kind, n, gam, out = "verify", g + 1, g, min(acc + 1, shape.new_tokens - emitted)
+            drift = p.persistence * drift + innov * rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
+        step = base + drift  # [L, E]
+        noise = (p.temperature * rng.gumbel(size=(n, L, E))).astype(np.float32)
+        ids = np.empty((n, L, k), np.int64)
+        pred = np.full((n, L, k), -1, np.int64)
+        lead = np.zeros((n, E), np.float32)  # the coupling term from the layer below
+        for layer in range(L):
+            logits = step[layer] + lead
+            ids[:, layer] = _topk(logits + noise[:, layer], k)
+            lead = np.zeros((n, E), np.float32)
+            if layer + 1 < L:
+                np.put_along_axis(lead, perms[layer][ids[:, layer]], p.coupling, axis=1)
+                pred[:, layer] = _topk(step[layer + 1] + lead, k)  # layer l + 1's router on layer l's input
+        rows.append(ids)
+        cross.append(pred)
+        steps.append((kind, n, gam, acc, out))
+        emitted += out
+    return np.concatenate(rows), np.concatenate(cross), steps
+
+
+def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Shape(), seed: int = 0,
+                       benchmark: str = "synthetic", ar: bool = False) -> Trace:
+    """A speculative trace at `spec`'s own depth (ar=True: the AR trace of the same kept tokens)."""
+    if not spec.is_moe:
+        raise MoespacError(f"model spec {spec.name!r} is dense: no experts to route")
+    L, E, k = spec.num_moe_layers, spec.num_experts, spec.top_k
+    rng = np.random.default_rng(seed)
+    perms = np.stack([rng.permutation(E) for _ in range(L)])  # the model's wiring: shared by its requests
+    cols = {c: [] for c in ("step_kind", "step_request", "step_tokens", "step_gamma", "step_accepted",
+                            "step_emitted")}
+    ids_out, cross_out = [], []
+    for r in range(shape.requests):
+        rows, cross, steps = _request(rng, spec, params, shape, perms)
+        start = 0
+        for kind, n, gam, acc, out in steps:
+            keep = range(start, start + (n if (kind == "prefill" or not ar) else out))
+            if ar and kind == "verify":  # each kept token is one AR step: rows 0..emitted-1 of the verify step
+                for i in keep:
+                    ids_out.append(rows[i:i + 1])
+                    cross_out.append(cross[i:i + 1])
+                    for c, v in zip(cols, (KINDS.index("ar"), r, 1, 0, 0, 1)):
+                        cols[c].append(v)
+            else:
+                ids_out.append(rows[start:start + n])
+                cross_out.append(cross[start:start + n])
+                for c, v in zip(cols, (KINDS.index(kind), r, n, gam, acc, out)):
+                    cols[c].append(v)
+            start += n
+    dtypes = dict(step_kind=np.int8, step_request=np.int32, step_tokens=np.int32, step_gamma=np.int16,
+                  step_accepted=np.int16, step_emitted=np.int32)
+    steps = {c: np.asarray(v, dtype=dtypes[c]) for c, v in cols.items()}
+    topk = np.concatenate(ids_out).astype(np.int16)
+    mode = "ar" if ar else f"g{shape.gamma}"
+    meta = dict(schema_version=SCHEMA_VERSION, topology=dict(num_layers=L, num_experts=E, top_k=k),
+                model_spec=spec.to_dict(), batch_size=1, source=SOURCE,
+                trace_id=f"paper-regime-{spec.name}-{benchmark}-{mode}-s{seed}",
+                synthetic=dict(dataclasses.asdict(params), **dataclasses.asdict(shape), seed=seed, benchmark=benchmark,
+                               ar=ar, source=SOURCE))
+    return Trace(meta=meta, steps=steps, topk_ids=topk, topk_weights=np.full(topk.shape, 1.0 / k, np.float16),
+                 cross_topk=np.concatenate(cross_out).astype(np.int16)).validate("paper-regime trace")
+
+
+def measured_statistics(trace: Trace) -> dict:
+    """alpha, a/b and sMAPE of a trace, as the fit reads them: alpha = accepted / (accepted + rejected drafts)
+    over verify steps; a/b = distinct experts of a verify step's layer / ((gamma + 1) k), mean over (step,
+    layer), App. A.1's per-token ratio; sMAPE as moespac.scheduler.metrics computes it for records."""
+    from moespac.scheduler.metrics import smape
+
+    st = trace.steps
+    verify = st["step_kind"] == KINDS.index("verify")
+    if not verify.any():
+        raise MoespacError(f"trace {trace.trace_id()}: no verify steps to measure alpha and a/b on")
+    acc = st["step_accepted"][verify].astype(np.int64)
+    rejected = (acc < st["step_gamma"][verify]).sum()
+    counts = trace.counts()[verify]  # [S, L, E]
+    distinct = (counts > 0).sum(-1)  # [S, L]
+    per_token = distinct / (st["step_tokens"][verify][:, None] * trace.topology.top_k)
+    return dict(alpha=float(acc.sum() / (acc.sum() + rejected)), a_over_b=float(per_token.mean()),
+                smape=smape(trace))
+
+
+# ---- the fit --------------------------------------------------------------------------------------------
+
+ROUTING_QUANTITIES = {"acceptance_rate": "alpha", "expert_cost_ratio_a_over_b": "a_over_b"}
+"""The only rows of moespac/reference the fit reads, besides sMAPE (App. B.1): statistics of the routing, never a
+throughput (tests/test_paper_regime.py poisons every other row and finds the same fit)."""
+FIT_SHAPE = Shape(requests=1, new_tokens=96)  # what each step of the search generates (common random numbers)
+T_RANGE = (0.01, 50.0)
+RHO_RANGE = (0.0, 0.999)
+
+
+def paper_targets() -> tuple[dict[str, dict[str, float]], float]:
+    """({benchmark: {alpha, a_over_b}} of App. A.1, sMAPE of Qwen3-30B in App. B.1)."""
+    from moespac.datasets import get_benchmark
+    from moespac.reference import read_reference
+
+    targets: dict[str, dict[str, float]] = {}
+    for row in read_reference("appendix_stats"):
+        key = ROUTING_QUANTITIES.get(row["quantity"])
+        if key is not None:
+            targets.setdefault(get_benchmark(row["context"]).name, {})[key] = float(row["value"])
+    smape = next(float(r["value"]) for r in read_reference("appendix_stats")
+                 if r["quantity"] == "smape" and r["context"] == "Qwen3-30B")
+    return targets, smape
+
+
+def _bisect(f, lo: float, hi: float, target: float, increasing: bool, steps: int, log: bool = False) -> float:
+    """x in [lo, hi] with f(x) nearest `target` for a monotone f (geometric midpoints when log)."""
+    for _ in range(steps):
+        mid = float(np.sqrt(lo * hi)) if log else (lo + hi) / 2
+        if (f(mid) < target) == increasing:
+            lo = mid
+        else:
+            hi = mid
+    return float(np.sqrt(lo * hi)) if log else (lo + hi) / 2
+
+
+def fit_routing(spec: ModelSpec, targets: dict[str, dict[str, float]], smape_target: float, gamma: int = 8,
+                seed: int = 0, rounds: int = 2, log=lambda msg: None) -> tuple[dict[str, RoutingParams], str]:
+    """Per benchmark: accept = alpha; temperature fitted to a/b; one persistence for all fitted to the mean sMAPE.
+    Returns (parameters, a note on sMAPE). An alpha or a/b no parameter can produce is refused, naming it. sMAPE
+    (per decode step, as App. B.1 defines it) is mostly set by a/b: a step whose gamma + 1 tokens touch many
+    distinct experts counts most of them once, so where the target lies outside what persistence can reach, the
+    nearest end is kept and the note says so (the residual is printed beside the fit)."""
+    shape = dataclasses.replace(FIT_SHAPE, gamma=gamma)
+
+    def stat(params: RoutingParams, key: str) -> float:
+        return measured_statistics(paper_regime_trace(spec, params, shape, seed=seed))[key]
+
+    lowest, highest = 1.0 / (gamma + 1), 1.0
+    for bench, t in sorted(targets.items()):
+        if not 0.0 < t["alpha"] < 1.0:
+            raise MoespacError(f"{bench}: acceptance {t['alpha']} is not in (0, 1)")
+        if not lowest < t["a_over_b"] < highest:
+            raise MoespacError(f"{bench}: a/b {t['a_over_b']} cannot be routed at gamma {gamma}: a verify step's "
+                               f"distinct experts per token lie in ({lowest:.3f}, 1)")
+    rho, temps = 0.9, {b: 1.0 for b in targets}
+    for r in range(rounds):
+        for bench, t in sorted(targets.items()):
+            base = RoutingParams(accept=t["alpha"], persistence=rho)
+            temps[bench] = _bisect(lambda x: stat(dataclasses.replace(base, temperature=x), "a_over_b"), *T_RANGE,
+                                   t["a_over_b"], increasing=True, steps=14, log=True)
+
+        def mean_smape(x: float) -> float:
+            return float(np.mean([stat(RoutingParams(accept=t["alpha"], temperature=temps[b], persistence=x), "smape")
+                                  for b, t in sorted(targets.items())]))
+
+        ends = mean_smape(RHO_RANGE[0]), mean_smape(RHO_RANGE[1])  # sMAPE falls as persistence grows
+        if ends[1] <= smape_target <= ends[0]:
+            rho, note = _bisect(mean_smape, *RHO_RANGE, smape_target, increasing=False, steps=10), ""
+        else:
+            rho = RHO_RANGE[1] if smape_target < ends[1] else RHO_RANGE[0]
+            note = (f"sMAPE {smape_target} (App. B.1) is out of reach at these a/b: persistence "
+                    f"{RHO_RANGE[0]}-{RHO_RANGE[1]} gives a mean of {ends[1]:.3f}-{ends[0]:.3f}; the nearest end, "
+                    f"{rho}, is kept")
+        log(f"round {r + 1}: persistence {rho:.4f}, temperatures " +
+            ", ".join(f"{b} {temps[b]:.3f}" for b in sorted(temps)))
+    return {b: RoutingParams(accept=t["alpha"], temperature=temps[b], persistence=rho)
+            for b, t in sorted(targets.items())}, note
+
+
+def fill_missing(fitted: dict[str, RoutingParams], benchmarks: list[str]) -> tuple[dict[str, RoutingParams], str]:
+    """Benchmarks the paper gives no statistics for take the mean of the fitted ones' parameters (said so)."""
+    mean = RoutingParams(accept=float(np.mean([p.accept for p in fitted.values()])),
+                         temperature=float(np.exp(np.mean([np.log(p.temperature) for p in fitted.values()]))),
+                         persistence=next(iter(fitted.values())).persistence)
+    out = {b: fitted.get(b, mean) for b in benchmarks}
+    filled = sorted(b for b in benchmarks if b not in fitted)
+    rule = (f"{', '.join(filled)}: no App. A.1 statistics; the mean of the fitted benchmarks' parameters (alpha "
+            f"{mean.accept:.3f}, temperature {mean.temperature:.3f}, geometric mean)") if filled else ""
+    return out, rule
