@@ -215,16 +215,19 @@ def test_table3_says_how_each_trace_stands_for_its_model():
 
 
 def test_a_cell_shows_the_95_percent_interval_of_its_mean_over_requests(tmp_path):
-    """A cell of several requests shows its mean, its seeded bootstrap interval and n; the same record always
-    draws the same interval; one request shows n=1 and no interval."""
+    """A cell of several requests shows its mean, its Student-t interval (scipy's, to the table's precision) and n;
+    one request shows n=1 and no interval."""
     import json
     from pathlib import Path
 
     from moespac.analysis.intervals import mean_interval, separate
     from moespac.analysis.records import load_rows
 
-    lo, hi = mean_interval([10.0, 12.0, 14.0, 16.0], "k")
-    assert 10.0 <= lo < 13.0 < hi <= 16.0 and (lo, hi) == mean_interval([10.0, 12.0, 14.0, 16.0], "k")
+    from scipy import stats
+
+    for xs in ([10.0, 12.0, 14.0, 16.0], [20.0, 30.0], list(np.linspace(1, 9, 45) ** 1.5)):
+        ref = stats.t.interval(0.95, len(xs) - 1, loc=np.mean(xs), scale=stats.sem(xs))
+        assert np.allclose(mean_interval(xs, "k"), ref, rtol=0, atol=1e-3 * np.std(xs)), xs
     assert mean_interval([10.0], "k") is None and mean_interval([10.0, float("nan")], "k") is None
     assert separate((1, 2), (3, 4)) and not separate((1, 3), (2, 4)) and not separate(None, (1, 2))
     rec = json.loads((Path(__file__).parent / "fixtures" / "record_simulated.json").read_text())
@@ -235,11 +238,11 @@ def test_a_cell_shows_the_95_percent_interval_of_its_mean_over_requests(tmp_path
     path.write_text(json.dumps(rec))
     row = load_rows([path]).iloc[0]
     assert (row["tps_lo"], row["tps_hi"]) == mean_interval([20.0, 30.0], f"{rec['config_hash']}:tps")
-    assert 20.0 <= row["tps_lo"] <= row["tps_hi"] <= 30.0 and row["requests"] == 2
+    assert row["tps_lo"] < 20.0 < 30.0 < row["tps_hi"] and row["requests"] == 2  # two requests bound little
     _, blocks = tables.table1(load_rows([path]), ["gsm8k"])
     shown = blocks[0].rows[0][1]
     assert shown == f"25.00 S [{row['tps_lo']:.2f}, {row['tps_hi']:.2f}] n=2 (paper 27.82)"
-    assert any(n.startswith("[lo, hi] n=N after a number: the 95 % interval") for n in blocks[0].notes)
+    assert any(n.startswith("[lo, hi] n=N after a number: the 95 % Student-t interval") for n in blocks[0].notes)
 
 
 def test_cells_and_latex():

@@ -175,6 +175,12 @@ def test_tiny_study_end_to_end(tiny_study):
     assert len(records) > len(derived)
     for path in set(records) - set(derived):
         validate_record(path)  # schema + completeness
+    # the paper-regime block: every Table 1 method of the study on routing fitted to App. A.1, at the model's depth
+    regime = validate_record(tmp_path / "results/whatif/paper_regime.json")
+    (row,) = regime["metrics"]["rows"]
+    assert regime["timing"] == "simulated" and row["benchmark"] == "gsm8k" and row["target"]["a_over_b"] == 0.64
+    assert {"moespac", "llamacpp", "hybrimoe"} <= set(row["methods"]) and "synthetic, fitted" in regime["metrics"]["source"]
+    assert "paper-regime routing" in (tmp_path / "paper_figs/paper_regime.md").read_text()
     for path in (tmp_path / "results" / "wrapped").glob("**/*.json"):  # external systems' records: whole JSON
         assert read_record(path)["timing"] == "wrapped"
     assert not list((tmp_path / "results").glob("**/*.failure.json"))
@@ -305,7 +311,7 @@ def test_two_clean_runs_write_identical_traces_and_simulated_outputs(tiny_study,
     traces = files(first, "results/traces/**/*.npz")
     simulated = files(first, "results/simulated/**/*.json") + files(first, "results/whatif/*.json")
     figures = [f for f in files(first, "paper_figs/*.p[dn][gf]") if not f.startswith("paper_figs/fig_overhead")]
-    assert len(traces) == 3 and len(simulated) >= 8 and len(figures) == 12
+    assert len(traces) == 3 and len(simulated) >= 8 and len(figures) == 14
     for name in traces + simulated + figures:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     for name in simulated:

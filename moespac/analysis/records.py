@@ -177,7 +177,7 @@ def _offline_proxy(benchmark) -> bool:
 
 
 def _intervals(rec: dict, tps_key: str) -> dict:
-    """95 % intervals of the row's TPS and latency means over its requests (NaN with fewer than two)."""
+    """95 % Student-t intervals of the row's TPS and latency means over its requests (NaN with fewer than two)."""
     from moespac.analysis.intervals import mean_interval
 
     requests = rec.get("requests") if isinstance(rec.get("requests"), list) else []

@@ -49,7 +49,7 @@ def cell(ours, timing: str | None, paper=None, digits: int = 2, span: str = "") 
 
 
 def span(lo, hi, n, digits: int = 2) -> str:
-    """'[lo, hi] n=N': the 95 % interval of a cell's mean over its N requests ('n=1' alone: no interval)."""
+    """'[lo, hi] n=N': the 95 % Student-t interval of a cell's mean over its N requests ('n=1' alone: none)."""
     if n is None or _nan(n):
         return ""
     head = "" if lo is None or _nan(lo) else f"[{fmt(float(lo), digits)}, {fmt(float(hi), digits)}] "

@@ -100,9 +100,10 @@ def _spans(rows: pd.DataFrame, value: str, index: str, columns: str) -> pd.DataF
     return frame.pivot_table(index=index, columns=columns, values="_span", aggfunc="first", dropna=False).fillna("")
 
 
-INTERVAL_NOTE = ("[lo, hi] n=N after a number: the 95 % interval of the cell's mean over its N requests (seeded "
-                 "percentile bootstrap); n=1 has none. Differences inside overlapping intervals are not called "
-                 "differences (audit.md).")
+INTERVAL_NOTE = ("[lo, hi] n=N after a number: the 95 % Student-t interval of the cell's mean over its N requests "
+                 "(n=1 has none; at n=2 it is mean +- 12.7 standard errors). It covers request-to-request variation "
+                 "of one trained proxy and one trace, not another training of the proxy. Differences inside "
+                 "overlapping intervals are not called differences (audit.md).")
 
 
 def relative_improvement(tps: pd.Series, ours: str = "MoE-SpAc", among=None) -> float | None:

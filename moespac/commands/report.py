@@ -52,6 +52,21 @@ def register(sub) -> None:
     w.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.md, PREFIX.png and PREFIX.pdf")
     w.set_defaults(func=run_whatif_locality, io=IO(outputs=("json",), inputs=("recorded",)))
 
+    pr = rsub.add_parser("paper-regime", help="every Table 1 method on routing fitted to the paper's A.1 statistics "
+                         "(simulated), beside the paper's numbers")
+    pr.add_argument("--methods", required=True, help="study methods, comma-separated")
+    pr.add_argument("--benchmarks", default="all", help="'all' or comma-separated benchmark names")
+    pr.add_argument("--hardware", default="rtx4090-pcie4")
+    pr.add_argument("--model-spec", default="qwen3-30b-a3b")
+    pr.add_argument("--draft-spec", default="qwen3-4b-fp8")
+    pr.add_argument("--cache-ratio", type=float, default=0.25)
+    pr.add_argument("--gamma", type=int, default=8)
+    pr.add_argument("--requests", type=int, default=4)
+    pr.add_argument("--new-tokens", type=int, default=256)
+    pr.add_argument("--json", required=True, help="write the result record here")
+    pr.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.csv, PREFIX.md, PREFIX.png and PREFIX.pdf")
+    pr.set_defaults(func=run_paper_regime, io=IO(outputs=("json",)))
+
     r = rsub.add_parser("routing-stats", help="routing statistics of traces (concentration, distinct experts per "
                         "step, reuse, hot/cold accuracy, sMAPE, simulated MoE-SpAc hit rate) beside the paper's")
     r.add_argument("--trace", action="append", default=[], metavar="LABEL=PATH",
@@ -191,4 +206,28 @@ def run_routing_stats(args) -> int:
     paths = rs.write(args.out, rows)
     print(Path(paths[1]).read_text(encoding="utf-8"))
     print("wrote " + ", ".join(map(str, paths)) + " (no result record: no record kind fits a table of traces)")
+    return 0
+
+
+def run_paper_regime(args) -> int:
+    from tqdm import tqdm
+
+    from moespac.analysis.paper_regime import frame, plot, render
+    from moespac.atomic import write_text
+    from moespac.bench.records import write_result
+    from moespac.datasets import BENCHMARKS
+    from moespac.experiments.paper_regime import PaperRegimeStudy, run_study
+
+    benchmarks = tuple(BENCHMARKS) if args.benchmarks == "all" else tuple(b.strip() for b in args.benchmarks.split(","))
+    cfg = PaperRegimeStudy(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), benchmarks=benchmarks,
+                           hardware=args.hardware, model_spec=args.model_spec, draft_spec=args.draft_spec,
+                           cache_ratio=args.cache_ratio, gamma=args.gamma, requests=args.requests,
+                           new_tokens=args.new_tokens)
+    record = run_study(cfg, progress=lambda it, n: tqdm(it, total=n, desc="benchmarks"))
+    write_result(args.json, record)
+    md = render(record)
+    write_text(f"{args.out}.md", md)
+    write_text(f"{args.out}.csv", frame(record).to_csv(index=False))
+    plot(record, args.out)
+    print(md)
     return 0

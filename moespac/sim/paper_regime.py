@@ -32,6 +32,9 @@ from moespac.models.registry import ModelSpec
 from moespac.trace import KINDS, SCHEMA_VERSION, Trace
 
 SOURCE = "synthetic, fitted to the paper's App. A.1 and B.1 routing statistics"
+BENCHMARK_ORDER = ("mmlu-pro", "mt-bench", "gsm8k", "humaneval", "alpaca", "cnn-dm", "qa")
+"""Each benchmark's traces draw from their own seed (seed + 1000 x this index): benchmarks that share fitted
+parameters still get their own requests."""
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ SIM = config["simulation"]
 SWEEPS = config["sweeps"]
 FIGS = config["figures"]
 WHATIF = config["whatif"]["locality"]
+PAPER_REGIME = config["whatif"].get("paper_regime", {"activate": False})
 
 
 def alternatives(names):
@@ -631,6 +632,8 @@ def final_paper_outputs():
     )
     if WHATIF["activate"]:
         out += expand("paper_figs/whatif_locality.{ext}", ext=["csv", "md", "png", "pdf"])
+    if PAPER_REGIME["activate"]:
+        out += expand("paper_figs/paper_regime.{ext}", ext=["csv", "md", "png", "pdf"])
     out += expand("paper_figs/routing_stats.{ext}", ext=["csv", "md", "tex", "html"])
     return out + ["paper_figs/audit.md"]
 
@@ -659,6 +662,15 @@ def get_whatif_options(wildcards):
     )
 
 
+def get_paper_regime_options(wildcards):
+    return (
+        f"--methods {','.join(config['table1']['methods'])} --benchmarks {','.join(BENCHMARKS)}"
+        f" --hardware {quote(SIM['hardware'])} --model-spec {quote(SIM['model_spec'])}"
+        f" --draft-spec {quote(SIM['draft_spec'])} --cache-ratio {SIM['cache_ratio']} --gamma {SIM['gamma']}"
+        f" --requests {PAPER_REGIME['requests']} --new-tokens {PAPER_REGIME['new_tokens']}"
+    )
+
+
 def output_sources():
     """Every record and trace the paper outputs read. They are targets themselves: in a clean clone the
     committed outputs exist while their sources do not, and Snakemake does not rebuild a missing input of an
@@ -669,6 +681,8 @@ def output_sources():
     out += traces_used()
     if WHATIF["activate"]:
         out += list(get_whatif_traces(None).values())
+    if PAPER_REGIME["activate"]:
+        out.append("results/whatif/paper_regime.json")
     return sorted(set(out))
 
 

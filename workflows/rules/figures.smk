@@ -65,3 +65,26 @@ rule whatif_locality:
     shell:
         "moespac report whatif-locality {params.options} --recorded {input.sd} {input.ar} --allow-topology-mismatch "
         "--json {output.record} --out {params.prefix} > {log} 2>&1"
+
+
+rule paper_regime:
+    # simulated: every Table 1 method on synthetic routing fitted to the paper's App. A.1 statistics
+    output:
+        record="results/whatif/paper_regime.json",
+        csv="paper_figs/paper_regime.csv",
+        md="paper_figs/paper_regime.md",
+        png=report(
+            "paper_figs/paper_regime.png",
+            caption="../report/paper_regime.rst",
+            category="Figures",
+        ),
+        pdf="paper_figs/paper_regime.pdf",
+    log:
+        "results/logs/paper_regime/paper_regime.log",
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        options=get_paper_regime_options,
+        prefix=output_prefix_of_md,
+    shell:
+        "moespac report paper-regime {params.options} --json {output.record} --out {params.prefix} > {log} 2>&1"
