@@ -1,38 +1,48 @@
 """Policy registry: `name[:key=value,...]` -> a Policy instance.
 
-Baselines are discovered from the `baselines` package (one module per policy, each defining Policy
-subclasses); MoE-SpAc comes from moespac.scheduler.policy. Options after ':' become constructor keywords.
+An explicit map, name -> (module, class), as vLLM's model registry is: reading it says which file each policy
+lives in, and a policy module is imported only when its name is asked for (nothing scans a package). A new
+baseline is one file in baselines/ and one line here; tests/test_baselines.py checks that the two agree.
+Options after ':' become constructor keywords.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import pkgutil
 
 from moespac.errors import MoespacError
 from moespac.policy import Policy, check_signals
 
-_EXTRA_MODULES = ("moespac.scheduler.policy",)
+POLICIES: dict[str, tuple[str, str]] = {
+    "moespac": ("moespac.scheduler.policy", "MoESpAc"),
+    "accelerate": ("baselines.accelerate", "Accelerate"),
+    "all-host": ("baselines.all_host", "AllHost"),
+    "fate": ("baselines.fate", "Fate"),
+    "fiddler": ("baselines.fiddler", "Fiddler"),
+    "hybrimoe": ("baselines.hybrimoe", "HybriMoE"),
+    "ktransformers": ("baselines.ktransformers", "KTransformers"),
+    "lfu": ("baselines.lfu", "LFU"),
+    "llamacpp": ("baselines.llamacpp", "LlamaCpp"),
+    "llamacpp-sd": ("baselines.llamacpp", "LlamaCppSD"),
+    "lru": ("baselines.lru", "LRU"),
+    "mixtral-offloading": ("baselines.mixtral_offloading", "MixtralOffloading"),
+    "moe-infinity": ("baselines.moe_infinity", "MoEInfinity"),
+    "moe-speq": ("baselines.moe_speq", "MoESpeQ"),
+    "oracle": ("baselines.oracle", "Oracle"),
+    "sp-moe": ("baselines.sp_moe", "SPMoE"),
+    "specexp": ("baselines.specexp", "SpecExp"),
+    "vllm-offload": ("baselines.vllm_offload", "VLLMOffload"),
+}
+"""Every policy by the name a spec uses: (module, class)."""
 
 
-def _discover() -> dict[str, type[Policy]]:
-    import baselines
-
-    found: dict[str, type[Policy]] = {}
-    modules = [f"baselines.{m.name}" for m in pkgutil.iter_modules(baselines.__path__) if not m.name.startswith("_")]
-    for modname in modules + list(_EXTRA_MODULES):
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name == modname:  # optional module not present
-                continue
-            raise
-        for obj in vars(mod).values():
-            if inspect.isclass(obj) and issubclass(obj, Policy) and obj is not Policy and obj.__module__ == mod.__name__:
-                if obj.name in found and found[obj.name] is not obj:
-                    raise RuntimeError(f"policy name {obj.name!r} defined twice ({found[obj.name].__module__}, {modname})")
-                found[obj.name] = obj
+def policy_class(name: str) -> type[Policy]:
+    """The class of one registered policy (imports its module on first use)."""
+    module, cls = POLICIES[name]
+    found = getattr(importlib.import_module(module), cls)
+    if not (inspect.isclass(found) and issubclass(found, Policy) and found.name == name):
+        raise RuntimeError(f"registry entry {name!r} -> {module}.{cls} is not a Policy named {name!r}")
     return found
 
 
@@ -40,9 +50,10 @@ _CACHE: dict[str, type[Policy]] | None = None
 
 
 def policies() -> dict[str, type[Policy]]:
+    """Every registered policy's class, by name."""
     global _CACHE
     if _CACHE is None:
-        _CACHE = _discover()
+        _CACHE = {name: policy_class(name) for name in POLICIES}
     return _CACHE
 
 

@@ -457,3 +457,25 @@ def test_policy_list_prints_every_policy_aligned(capsys):
         assert f"source: {' '.join((policies()[name].source or '-').split())}" in flat
     fate = next(line for line in lines if line.startswith("fate "))
     assert fate.split()[1:4] == ["yes", "no", "cross_layer_topk"]
+
+
+def test_the_registry_names_every_policy_class_in_the_tree_once():
+    """The explicit map (moespac/registry.py) and the files agree: every Policy subclass defined in baselines/ or
+    the scheduler is registered under its own name, and every entry resolves to it."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import baselines
+    from moespac.policy import Policy
+    from moespac.registry import POLICIES
+
+    defined = {}
+    modules = [f"baselines.{m.name}" for m in pkgutil.iter_modules(baselines.__path__) if not m.name.startswith("_")]
+    for modname in modules + ["moespac.scheduler.policy"]:
+        mod = importlib.import_module(modname)
+        for obj in vars(mod).values():
+            if inspect.isclass(obj) and issubclass(obj, Policy) and obj.__module__ == modname and not obj.name.startswith("_"):
+                defined[obj.name] = (modname, obj.__name__)
+    assert defined == POLICIES
+    assert all(cls.name == name for name, cls in policies().items())
