@@ -91,11 +91,23 @@ def bad_config(tmp_path, edit) -> Path:
     (lambda c: c["pairs"].update(built={"build": "tiny", "label": "x"}) or c["simulation"].update(pair="built")
      or c["figures"].update(heatmap_layer=2), ["figures.heatmap_layer 2", "2 MoE layers"]),
     (lambda c: c["engine"].update(batch_size=3, limit=2), ["engine.batch_size 3", "engine.limit 2"]),
+    (lambda c: c["engine"].update(cache_ratio=float("nan")), ["config key engine.cache_ratio: nan"]),
+    (lambda c: c["prompts"].update(temperature=float("inf")), ["config key prompts.temperature: inf"]),
+    (lambda c: c.update(speed=3), ["config key (top level)", "'speed' was unexpected"]),
+    (lambda c: c["pairs"].update(hub={"target": "../../x", "draft": "org/d", "label": "x"}),
+     ["config key pairs.hub.target", "not a hub id"]),
 ], ids=["unknown-key", "wrong-type", "benchmark", "method", "hardware", "policy-option", "pair", "wrapped-key",
         "wrapped-type", "wrapped-pair", "draft-spec", "table3-key", "length-vs-context", "window-vs-context",
-        "heatmap-layer", "batch-vs-limit"])
+        "heatmap-layer", "batch-vs-limit", "nan", "infinity", "unknown-top-level-key", "folder-as-hub-target"])
 def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, edit, needles):
     assert_refused_before_any_job(tmp_path, bad_config(tmp_path, edit), needles)
+
+
+def test_a_sweep_of_one_integer_value_is_a_valid_config(tmp_path):
+    """[1] is both a list of integers and of ratios: the schema takes either (it refused one matching both)."""
+    config = bad_config(tmp_path, lambda c: c["sweeps"]["K"].update(activate=True, values=[1]))
+    r = snakemake("-n", "--cores", 1, "--configfile", config, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 def assert_refused_before_any_job(tmp_path, configfile, needles) -> None:
@@ -363,7 +375,7 @@ def test_hostile_config_values_never_reach_a_shell(tmp_path, edit, key):
     its key; nothing runs (the rules also quote every value, in case a pattern is ever widened)."""
     r = snakemake("--cores", 1, "--configfile", bad_config(tmp_path, edit), cwd=tmp_path)
     text = r.stdout + r.stderr
-    assert r.returncode != 0 and key in text and "pattern" in text, text[-2000:]
+    assert r.returncode != 0 and key in text and "does not match" in text, text[-2000:]  # the schema's pattern
     assert not (tmp_path / "pwned").exists() and not (REPO / "pwned").exists()
     assert not (tmp_path / "results").exists()
 
