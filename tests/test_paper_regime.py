@@ -98,3 +98,16 @@ def test_the_ar_trace_replays_the_kept_tokens():
     assert np.array_equal(np.concatenate(kept), ar.topk_ids)
     assert set(np.unique(ar.steps["step_kind"])) == {KINDS.index("prefill"), KINDS.index("ar")}
     assert ar.steps["step_emitted"].sum() == sd.steps["step_emitted"].sum() == 2 * 40
+
+
+@pytest.mark.parametrize("accept", [0.3, 0.56, 0.85])
+def test_acceptance_draws_hold_alpha_in_few_steps(accept):
+    """The drafts accepted per verify step follow P(at least i) = alpha^i (alpha = accepted / (accepted +
+    rejections), as records measure it), and the golden-ratio draws hold it within 0.01 over 200 steps."""
+    u, acc, rejected = 0.37, 0, 0
+    for _ in range(200):
+        u = (u + pr.GOLDEN) % 1.0
+        a = pr.accepted_drafts(1.0 - u, accept, 8)
+        acc, rejected = acc + a, rejected + (a < 8)
+    assert abs(acc / (acc + rejected) - accept) < 0.01
+    assert pr.accepted_drafts(0.5, 0.0, 8) == 0 and pr.accepted_drafts(1e-9, 1.0, 8) == 8

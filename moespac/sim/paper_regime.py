@@ -71,6 +71,19 @@ class Shape:
     gamma: int = 8
 
 
+GOLDEN = 0.6180339887498949
+
+
+def accepted_drafts(u: float, accept: float, gamma: int) -> int:
+    """Drafts accepted before the first rejection, each accepted with probability `accept`, from one uniform u in
+    (0, 1]: P(at least i) = accept^i, so i = floor(log u / log accept), capped at gamma (inverse CDF)."""
+    if accept <= 0.0:
+        return 0
+    if accept >= 1.0:
+        return gamma
+    return min(gamma, int(np.floor(np.log(u) / np.log(accept))))
+
+
 def _topk(logits: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(-logits, k - 1, axis=-1)[..., :k]
 
@@ -82,12 +95,13 @@ def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.nda
     drift = rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
     innov = np.float32(np.sqrt(1.0 - p.persistence ** 2))
     rows, cross, steps, emitted = [], [], [], 0
+    u = rng.random()  # acceptance draws: a golden-ratio sequence from here, so few requests already hold alpha
     while emitted < shape.new_tokens:
         if emitted == 0:
             kind, n, gam, acc, out = "prefill", shape.prompt_tokens, 0, 0, 1
         else:
-            ok = rng.random(g) < p.accept
-            acc = g if ok.all() else int(np.argmin(ok))
+            u = (u + GOLDEN) % 1.0
+            acc = accepted_drafts(1.0 - u, p.accept, g)
             kind, n, gam, out = "verify", g + 1, g, min(acc + 1, shape.new_tokens - emitted)
             drift = p.persistence * drift + innov * rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
         step = base + drift  # [L, E]
