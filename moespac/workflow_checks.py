@@ -182,7 +182,7 @@ def check_names(config: dict) -> None:
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def validate_config(config: dict, schema: str | Path) -> None:
+def validate_config(config: dict, schema: dict | str | Path) -> None:
     """The JSON schema's verdict in one line naming the key (not the whole schema, as jsonschema prints it), after
     refusing what JSON Schema lets through: NaN and infinity pass every `minimum`/`maximum` test."""
     import jsonschema
@@ -191,8 +191,11 @@ def validate_config(config: dict, schema: str | Path) -> None:
     for key, value in walk(config):
         if isinstance(value, float) and not math.isfinite(value):
             raise MoespacError(f"config key {key}: {value} is not a finite number")
-    with open(schema) as f:
-        spec = yaml.safe_load(f)
+    if isinstance(schema, dict):
+        spec = schema
+    else:
+        with open(schema) as f:
+            spec = yaml.safe_load(f)
     error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(spec)(spec).iter_errors(config))
     if error is not None:
         key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error.absolute_path).replace(".[", "[")

@@ -36,9 +36,13 @@ def requirement(name: str) -> Requirement:
 
 
 def ci_pins() -> dict[str, Version]:
-    """name -> version of every `name==version` that .ci/run installs."""
+    """name -> the lowest version of the `name==version` pins .ci/run installs (it also runs the GPU check on the lent
+    image's transformers, a release inside the range)."""
     text = (REPO / ".ci" / "run").read_text()
-    return {m[0]: Version(m[1]) for m in re.findall(r"\b(torch|transformers)==([0-9][0-9.]*)", text)}
+    pins: dict[str, Version] = {}
+    for name, v in re.findall(r"\b(torch|transformers)==([0-9][0-9.]*)", text):
+        pins[name] = min(pins.get(name, Version(v)), Version(v))
+    return pins
 
 
 def installed(name: str) -> Version:

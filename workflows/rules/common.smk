@@ -3,6 +3,8 @@
 import os
 import re
 from types import SimpleNamespace
+
+import yaml
 from shlex import quote  # every config value that reaches a shell goes through it (the schema restricts them too)
 
 from moespac.analysis.outputs import OUTPUTS, lookup, names as output_names
@@ -12,7 +14,9 @@ from moespac.registry import make_policy
 from moespac.catalogue import get_method, k_method
 from moespac.workflow_checks import check_limits, check_names, table3_choice, validate_config
 
-validate_config(config, f"{workflow.current_basedir}/../schemas/config.schema.yaml")
+# read through Snakemake's source cache: a deployed workflow's schema may be a remote file
+with workflow.sourcecache.open(workflow.current_basedir.join("../schemas/config.schema.yaml")) as schema:
+    validate_config(config, yaml.safe_load(schema))
 check_names(
     config
 )  # benchmark / method / policy / hardware / model-spec names, naming the key
