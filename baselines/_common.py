@@ -13,6 +13,11 @@ from moespac.errors import MoespacError
 from moespac.policy import LayerPlan, Prefetch, StepInfo
 
 
+INT4_SCALE = 4.5 / 16
+"""Bytes of an INT4 expert relative to a 16-bit one: 4 bits a weight plus a 16-bit scale and zero per 64 weights
+(Fate_open's quantizer.py: asymmetric, group 64; MoE-SpeQ's GPTQ at group 128 is a little smaller)."""
+
+
 def missing(layer: int, counts: np.ndarray, cache) -> np.ndarray:
     """Activated experts of `layer` that are not resident: what an on-demand loader loads."""
     active = np.flatnonzero(counts)
@@ -98,6 +103,18 @@ def next_layer_prediction(step: StepInfo | None, layer: int, num_experts: int, p
     return np.bincount(ids[ids >= 0].astype(np.int64), minlength=num_experts)
 
 
+def self_draft_counts(step: StepInfo, shape: tuple[int, int]) -> np.ndarray:
+    """Counts [L, E] of the self-draft pass's routing over this step's drafted tokens (signal 'self_draft_topk',
+    int [L, tokens, k], -1 where it ran no token); zeros where the step has none (prefill: nothing drafted)."""
+    rows = step.signals.get("self_draft_topk")
+    L, E = shape
+    if rows is None:
+        return np.zeros((L, E), dtype=np.int64)
+    ids = np.asarray(rows, dtype=np.int64)
+    flat = (np.arange(L)[:, None, None] * E + ids)[ids >= 0]
+    return np.bincount(flat, minlength=L * E).reshape(L, E)
+
+
 class PrefetchLRU(LRU):
     """LRU whose prefetched experts count as just used, so the next prefetch does not evict them."""
 
@@ -110,11 +127,12 @@ class PrefetchLRU(LRU):
 class DraftLookaheadLRU(PrefetchLRU):
     """Shared by SP-MoE and MoE-SpeQ: an LRU cache plus prefetches issued while the draft runs.
 
-    Both systems read the experts the verification will need from the draft (SP-MoE: draft hidden states
-    through the target's gates; MoE-SpeQ: a quantised self-draft). Our draft is a dense model with no
-    such mapping, so the stand-in prediction is the previous target forward's activation counts per
-    layer ("the last target hidden state as a proxy", spec/baselines.md). Subclasses choose which
-    predicted entries to fetch, from `lookahead(prev_counts, step, cache)` -> [(layer, expert, priority)].
+    Both systems read the experts the verification will need from the draft phase (SP-MoE: draft hidden states
+    through the target's gates; MoE-SpeQ: a quantised self-draft). Their rows read the self-draft pass's routing
+    of the drafted tokens (`self_draft_counts`); for traces without it, the variants' prediction is the previous
+    target forward's activation counts per layer ("the last target hidden state as a proxy",
+    spec/baselines.md), the stand-in below. Subclasses choose which predicted entries to fetch, from
+    `lookahead(prev_counts, step, cache)` -> [(layer, expert, priority)].
     """
 
     needs_draft = True

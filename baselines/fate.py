@@ -1,28 +1,42 @@
 """Fate: after layer l, layer l+1's experts are predicted by applying layer l+1's gate to layer l's gate
-input and prefetched; the cache gives shallow layers more slots and replaces by ARC in each layer.
+input and prefetched as INT4 copies; the device caches INT4 experts, the first layers whole and the rest split
+evenly, with ARC replacement in each layer.
 
-Source: paper only (no public code), Fang et al., "Fate: Fast Edge Inference of Mixture-of-Experts Models
-via Cross-Layer Gate", arXiv 2502.12224 (v2); MoE-SpAc Table 1 row "Fate".
-- Predictor: signal 'cross_layer_topk' (StepInfo.signals, int [L, tokens, k]: layer l+1's router top-k
-  on layer l's input, recorded by the engine). After layer l, every expert some token predicts for l+1 is
-  prefetched, most-predicted first. Layer 0 is never predicted (misses load on demand, as do wrong
-  predictions).
-- Shallow-favouring cache: the paper favours shallow layers (where prediction is weakest) without a
-  formula in our sources; inferred here: layer l's slot budget is proportional to
-  1 + (shallow_bias - 1) * (L - 1 - l) / (L - 1) (layer 0 gets `shallow_bias` times the last layer's),
-  apportioned by largest remainder, at most E (or the run's per_layer_capacity) per layer. A layer
+Source: FFFzy/Fate_open at f7c0eebc9648b0335c2f18a85acf88a438096480 (the Qwen1.5-MoE path; Mixtral and
+DeepSeek mirror it): utils/memory_cost.py `memory_cost_qwen` (placement), expert_ARC_cache.py `ARC_Cache`,
+modeling_qwen_moe.py `Qwen2MoeDecoderLayer.predict` (prefetch) and the on-demand loads, utils/prefetch_k.py
+`get_prefetch_k` (decode prefetch budget); Fang et al., arXiv 2502.12224; MoE-SpAc Table 1 row "Fate".
+- Format (the row, `lossy_transfer=True`): experts live on the host as INT4 (group 64) and travel and stay
+  cached as INT4, dequantised for each use, so Fate is lossy. A copy moves `transfer_scale` = 4.5/16 of an
+  expert's bytes (4 bits a weight, a 16-bit scale and zero per 64) and the same memory holds 16/4.5 times as
+  many cached experts (Policy.device_slots, at most all of them). The engine copies INT4 and
+  dequantises into full-precision slots (moespac/engine/store.py), so there the cache keeps the run's slot
+  count. `lossy_transfer=False` (a variant, not the row): full-precision copies and slots, exact output.
+- Placement (`memory_cost_qwen`): with n = slots // E >= 4, layers 0-3 are cached whole and every other layer
+  gets (slots - 4E) // (L - 4) slots (the remainder stays unused); with n < 4, layers 0..n-1 whole, layer n
+  the remainder, later layers none (upstream streams those through a transient buffer: here they get top_k
+  slots, taken back from the others when the cache is full). Each partial layer starts holding experts
+  0..b-1 (at most the capacity in all). A layer
   under budget may borrow free slots and gives them back first (baselines/_common.budget_layer).
-- ARC (Megiddo & Modha) in each layer: T1 = residents referenced once since they entered, T2 = more
-  than once, ghosts B1/B2 remember recent evictions and steer the target size p of T1. An expert enters
-  T1 when it becomes resident (prefetched or loaded), or T2 if it was a ghost when last referenced;
-  references are activations; the incoming expert (cache.requesting) decides REPLACE's tie
-  "x in B2 and |T1| = p".
-- Precision: Fate copies INT4/INT2 expert versions (low-popularity ones as INT2, mainly in prefill), so
-  it is lossy. Default here is the lossless variant (full-precision copies). `lossy_transfer=True` marks
-  the policy lossy and sets `transfer_scale` = 0.25 (INT4 bytes / BF16 bytes): the simulator charges
-  each copy 0.25 of an expert's bytes and copy time; the engine copies experts as per-row symmetric INT4
-  and dequantises them in the slot (moespac/engine/store.py), so device experts are lossy; host experts
-  stay full precision. Not modelled: INT2 versions of unpopular experts.
+- Predictor: signal 'cross_layer_topk' (layer l+1's router top-k on layer l's input, recorded by the
+  engine). After layer l the predicted experts of l+1 that are not resident are prefetched, most-predicted
+  first: all of them in prefill, the top prefetch_k = floor(layer time / INT4 copy time) in decode
+  (`get_prefetch_k` measures both; here t_layer + k t_gpu over transfer_scale x t_io). Upstream ranks the
+  next gate's scores and can name more than k experts a token; the recorded signal holds k per token. Layer 0 is never
+  predicted. Mispredicted experts load on demand; all compute on the device.
+- ARC (Megiddo & Modha) in each layer: T1 = residents referenced once since they entered, T2 = more than
+  once, ghosts B1/B2 remember recent evictions and steer the target size p of T1. An expert enters T1 when it
+  becomes resident (prefetched or loaded), or T2 if it was a ghost when last referenced; references are
+  activations; the incoming expert (cache.requesting) decides REPLACE's tie "x in B2 and |T1| = p".
+- Restore: upstream dequantises a cached expert in place to run it and then copies its INT4 version from the
+  host again (`post_comp` -> `quan_experts` -> `load_weights`, on the prefetch stream, layers >= 1), so every
+  use of a cached expert moves its INT4 bytes once more: Prefetch.restore requests, after the next layer's
+  prefetches on the same first-in-first-out link (upstream issues those before the layer's experts run).
+  Restores still queued when their layer next starts are dropped (upstream's stream would hold them; its
+  compute waits for none of them).
+Stand-in: the prefetch budget comes from the unit costs, not from timing each layer. Not modelled: INT2 copies
+of unpopular experts (upstream: prefill only, the least popular 30 % for Qwen and
+Mixtral), the dequantisation's compute, the missing wait between the copy and compute streams.
 """
 
 from __future__ import annotations
@@ -31,9 +45,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from baselines._common import apportion, budget_layer, layer_cap, missing, next_layer_prediction
-from moespac.errors import MoespacError
-from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch
+from baselines._common import INT4_SCALE, budget_layer, layer_cap, missing, next_layer_prediction
+from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch, StepInfo
 
 
 class ARC:
@@ -97,33 +110,71 @@ class ARC:
         return e
 
 
+WHOLE_LAYERS = 4
+"""Layers `memory_cost_qwen` caches whole when the budget allows."""
+
+
+def upstream_budgets(slots: int, num_layers: int, num_experts: int, cap: int) -> np.ndarray:
+    """Fate's per-layer slots: the first four layers whole, the rest split evenly (fewer slots: whole layers in
+    order, then the remainder)."""
+    L, E = num_layers, num_experts
+    out = np.zeros(L, dtype=np.int64)
+    whole = min(slots // E, L)
+    if whole < WHOLE_LAYERS:
+        out[:whole] = E
+        if whole < L:
+            out[whole] = slots - whole * E
+    else:
+        out[:WHOLE_LAYERS] = E
+        if L > WHOLE_LAYERS:
+            out[WHOLE_LAYERS:] = (slots - WHOLE_LAYERS * E) // (L - WHOLE_LAYERS)
+    return np.minimum(out, cap)
+
+
 class Fate(Policy):
     name = "fate"
-    lossless = True
+    lossless = False
     needs_draft = False
     requires = ("cross_layer_topk",)
-    source = "Fang et al., Fate, arXiv 2502.12224 (no public code); MoE-SpAc Table 1"
+    source = ("FFFzy/Fate_open @f7c0eebc96 (utils/memory_cost.py, expert_ARC_cache.py, modeling_qwen_moe.py, "
+              "utils/prefetch_k.py); arXiv 2502.12224; MoE-SpAc Table 1")
+    stand_in = "no INT2 copies; the prefetch budget from the unit costs, not measured per layer"
 
-    def __init__(self, shallow_bias: float = 2.0, lossy_transfer: bool = False):
-        if shallow_bias < 1.0:
-            raise MoespacError(f"policy {self.name!r}: shallow_bias must be >= 1, got {shallow_bias}")
-        self.shallow_bias = shallow_bias
-        """Slots of layer 0 relative to the last layer (inferred; the paper gives no formula)."""
+    variants = {"lossy_transfer=false": "full-precision copies and slots (exact output; the same memory caches "
+                                        "4.5/16 as many experts)"}
+
+    def __init__(self, lossy_transfer: bool = True):
         self.lossy_transfer = bool(lossy_transfer)
-        """Copy INT4 versions of experts (Fate's lossy I/O): the engine round-trips them through INT4."""
+        """Copy and cache INT4 experts (Fate's format); False = full precision (exact output)."""
         self.lossless = not self.lossy_transfer
-        self.transfer_scale = 0.25 if self.lossy_transfer else 1.0
-        """Bytes per copy relative to a full-precision expert."""
+        self.transfer_scale = INT4_SCALE if self.lossy_transfer else 1.0
+        """Bytes per copy (and per cached expert) relative to a full-precision expert."""
+
+    def device_slots(self, topology, capacity):
+        return min(topology.num_layers * topology.num_experts, int(capacity / self.transfer_scale))
 
     def reset(self, ctx: PolicyContext) -> np.ndarray:
-        placement = super().reset(ctx)
+        super().reset(ctx)
         L, E = ctx.topology.num_layers, ctx.topology.num_experts
-        depth = np.arange(L) / max(L - 1, 1)
-        self.budgets = apportion(1.0 + (self.shallow_bias - 1.0) * (1.0 - depth), ctx.capacity, layer_cap(ctx))
+        # a layer upstream caches nothing of streams its experts through a transient buffer: top_k slots here
+        placed = upstream_budgets(ctx.capacity, L, E, layer_cap(ctx))
+        self.budgets = np.maximum(placed, min(ctx.topology.top_k, layer_cap(ctx)))
         self.arc = [ARC(b, E) for b in self.budgets]
         self.step = None
         self.layer = 0
+        placement = np.arange(E)[None, :] < placed[:, None]
+        for layer in range(L):
+            self.arc[layer].sync(placement[layer])
         return placement
+
+    def prefetch_k(self, step) -> int:
+        """Decode: copies that fit in one layer's time (upstream's get_prefetch_k); prefill: every prediction."""
+        if step is None or step.kind == "prefill":
+            return self.ctx.topology.num_experts
+        c = self.ctx.costs
+        copy = c.t_io * self.transfer_scale
+        layer = c.t_layer + self.ctx.topology.top_k * c.t_gpu
+        return self.ctx.topology.num_experts if copy <= 0 else int(layer / copy * (1 + 1e-9))
 
     def begin_step(self, step, cache):
         self.step = step
@@ -139,13 +190,19 @@ class Fate(Policy):
 
     def end_layer(self, layer, counts, cache) -> list[Prefetch]:
         self.arc[layer].sync(cache.resident[layer])
+        restore = []
+        if self.lossy_transfer and layer > 0:  # post_comp: each used expert that stays cached is copied again
+            used = np.flatnonzero((counts > 0) & cache.resident[layer])
+            restore = [Prefetch(layer, int(e), 0.0, restore=True) for e in used]
         if layer + 1 >= self.ctx.topology.num_layers:
-            return []
+            return restore
         predicted = next_layer_prediction(self.step, layer, self.ctx.topology.num_experts, self.name)
         order = np.argsort(-predicted, kind="stable")
         order = order[predicted[order] > 0]
+        order = order[:self.prefetch_k(self.step)]  # upstream's top prefetch_k, then those not cached
         order = order[~cache.resident[layer + 1, order]]
-        return [Prefetch(layer + 1, e, float(p)) for e, p in zip(order.tolist(), predicted[order].tolist())]
+        # one stream, first in first out: layer l + 1's prefetches were issued before layer l's experts ran
+        return [Prefetch(layer + 1, e) for e in order.tolist()] + restore
 
     def victim(self, candidates, cache):
         layer = budget_layer(candidates, cache, self.budgets, self.layer)
@@ -158,4 +215,5 @@ class Fate(Policy):
         return None if e is None else (layer, e)
 
     def describe(self) -> dict:
-        return {"slots_per_layer": self.budgets.tolist(), "transfer_scale": self.transfer_scale}
+        return {"slots_per_layer": self.budgets.tolist(), "transfer_scale": self.transfer_scale,
+                "prefetch_k_decode": self.prefetch_k(StepInfo(0, "ar", 1))}

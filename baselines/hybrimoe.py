@@ -2,21 +2,24 @@
 top-scored experts, and a greedy split of each layer's experts between GPU and CPU from both ends of a
 hot-to-cold queue.
 
-Source: PKU-SEC-Lab/HybriMoE ktransformers/operators/experts.py (commit 0f6e78b309; the spec read
-508a85b9a4): KScoreAwareCache, KExpertsCache (HSS, prefetch_expert, load_expert_weights); arXiv
-2504.05897. MoE-SpAc Table 1 row "HybriMoE".
-- Score (MRS), after each router call: the top-p (p = 12) experts by router probability get
-  S <- alpha*s + (1 - alpha)*S, every other expert S <- (1 - alpha)*S, alpha = 0.5. Our traces carry
-  activation counts, not router probabilities, so s = the expert's share of the layer's routing entries
-  (counts / counts.sum(), which sums to 1 like a probability), and the top p are the highest counts.
-  (The code assigns the top-p scores, in score order, to the masked experts in index order; we apply the
-  stated formula to the right experts.)
+Source: PKU-SEC-Lab/HybriMoE at 508a85b9a43dff37124370d8816e411e74827803 (checked again there; first read
+at 0f6e78b309): ktransformers/operators/experts.py KScoreAwareCache, KExpertsCache (HSS, prefetch_expert,
+get_experts_to_prefetch, load_expert_weights), ktransformers/models/modeling_deepseek.py (alpha 0.5,
+p = 2 top_k), local_chat.py (--prefetch_size, default 0); arXiv 2504.05897. MoE-SpAc Table 1 row "HybriMoE".
+- Score (MRS), after each router call: the top-p (p = 2 top_k) experts by router probability get
+  S <- alpha*s + (1 - alpha)*S, every other expert S <- (1 - alpha)*S, alpha = 0.5. Stand-in: our traces
+  carry activation counts, not router probabilities, so s = the expert's share of the layer's routing
+  entries (counts / counts.sum(), which sums to 1 like a probability), the top p are the highest counts, and
+  every token of the forward counts (upstream reads token row 0 only). (The code assigns the top-p scores,
+  in score order, to the masked experts in index order; we apply the stated formula to the right experts.)
 - Cache: `cache_size` slots per layer (default 16; here `slots_per_layer`, else capacity // L, at most
   the run's per_layer_capacity), experts 0..b-1 resident at start; the victim is the lowest score among
   the layer's residents (a layer under budget may borrow free slots: baselines/_common.budget_layer).
-- Prefetch: the top `prefetch_size` experts of layer l+1 by score (README example: 0; here default k). The
-  code issues it while layer l's GPU experts start; we issue it after layer l (end_layer), before layer
-  l+1's attention. Only experts with a positive score are asked for.
+- Prefetch: off, as upstream runs by default (`prefetch_size` 0: local_chat.py and KExpertsCache both
+  default to 0, and the README's example passes 0); that is the Table 1 row. The variant prefetch_size=N
+  (None = top_k) asks in decode for the top N experts of layer l+1 by their own score that are not cached;
+  the code issues it while layer l's GPU experts start, we after layer l (end_layer), before layer l+1's
+  attention. Only experts with a positive score are asked for.
 - Split (decode; prefill runs every expert on the GPU): residents sorted by token count (descending), then
   non-residents likewise; repeatedly the GPU takes the head or the CPU the tail, whichever finishes
   sooner (ties to the GPU). GPU: t_gpu per expert, and a non-resident expert cannot start before its copy
@@ -65,13 +68,17 @@ class HybriMoE(Policy):
     lossless = True
     needs_draft = False
     requires = ()
-    source = "PKU-SEC-Lab/HybriMoE ktransformers/operators/experts.py (0f6e78b309); arXiv 2504.05897; MoE-SpAc Table 1"
+    source = ("PKU-SEC-Lab/HybriMoE ktransformers/operators/experts.py, models/modeling_deepseek.py (508a85b9a4); "
+              "arXiv 2504.05897; MoE-SpAc Table 1")
+    stand_in = "routing counts of every token stand in for token 0's router probabilities in the MRS score"
+    variants = {"prefetch_size=none": "the next layer's top-k experts by score prefetched in decode (upstream's "
+                                      "--prefetch_size flag at top_k; off by default)"}
 
-    def __init__(self, alpha: float = 0.5, top_p: int = 12, slots_per_layer: int | None = None,
-                 prefetch_size: int | None = None):
+    def __init__(self, alpha: float = 0.5, top_p: int | None = None, slots_per_layer: int | None = None,
+                 prefetch_size: int | None = 0):
         if not 0.0 < alpha <= 1.0:
             raise MoespacError(f"policy {self.name!r}: alpha must be in (0, 1], got {alpha}")
-        if top_p < 1:
+        if top_p is not None and top_p < 1:
             raise MoespacError(f"policy {self.name!r}: top_p must be >= 1, got {top_p}")
         for key, v in (("slots_per_layer", slots_per_layer), ("prefetch_size", prefetch_size)):
             if v is not None and v < 0:
@@ -79,11 +86,12 @@ class HybriMoE(Policy):
         self.alpha = alpha
         """Weight of the newest router score in the MRS update."""
         self.top_p = top_p
-        """Experts per router call whose score is refreshed (the rest only decay)."""
+        """Experts per router call whose score is refreshed (the rest only decay); None = 2 top_k, as upstream."""
         self.slots_per_layer = slots_per_layer
         """Cache slots per layer (HybriMoE --cache_size); default capacity // L."""
         self.prefetch_size = prefetch_size
-        """Top-scored experts of the next layer to prefetch (HybriMoE --prefetch_size); default top-k."""
+        """Top-scored experts of the next layer to prefetch in decode (HybriMoE --prefetch_size, default 0 = off);
+        None = top_k."""
 
     def reset(self, ctx: PolicyContext) -> np.ndarray:
         super().reset(ctx)
@@ -91,6 +99,7 @@ class HybriMoE(Policy):
         self.budgets = uniform_budgets(ctx, self.slots_per_layer)
         self.scores = np.zeros((L, E))
         self.prefetch = ctx.topology.top_k if self.prefetch_size is None else self.prefetch_size
+        self.p = 2 * ctx.topology.top_k if self.top_p is None else self.top_p
         self.step = None
         self.layer = 0
         return np.arange(E)[None, :] < self.budgets[:, None]  # experts 0..b-1 of each layer
@@ -100,8 +109,8 @@ class HybriMoE(Policy):
         row *= 1.0 - self.alpha
         # an expert of the top p with no routing entry gains alpha * 0: only the active ones of the top p change
         active = np.flatnonzero(counts)
-        if len(active) > self.top_p:  # the p highest counts, ties to the lower id (a stable sort of all would agree)
-            active = active[np.argsort(-counts[active], kind="stable")[:self.top_p]]
+        if len(active) > self.p:  # the p highest counts, ties to the lower id (a stable sort of all would agree)
+            active = active[np.argsort(-counts[active], kind="stable")[:self.p]]
         row[active] += self.alpha * (counts[active] / max(int(counts.sum()), 1))
 
     def begin_step(self, step, cache):
@@ -120,8 +129,8 @@ class HybriMoE(Policy):
 
     def end_layer(self, layer, counts, cache) -> list[Prefetch]:
         nxt = layer + 1
-        if nxt >= self.ctx.topology.num_layers or self.prefetch == 0:
-            return []
+        if nxt >= self.ctx.topology.num_layers or self.prefetch == 0 or self.step is None or self.step.kind == "prefill":
+            return []  # upstream prefetches in decode only
         row = self.scores[nxt]
         top = np.argsort(-row, kind="stable")[:self.prefetch]
         return [Prefetch(nxt, e, p) for e, p, on in zip(top.tolist(), row[top].tolist(), cache.resident[nxt, top].tolist())

@@ -17,6 +17,14 @@ Table 1 row "MoE-Infinity".
 - Eviction: global, lowest in-cache visit count (baselines/lfu.py with in_cache=True), never a current
   candidate while another expert can go. All compute on the device; misses load on demand.
 
+The Table 1 row is what the released decode path runs (EfficientMoE/MoE-Infinity main at
+d6178017933c3d39f82be99f702d8a3e4ce98f8f: moe_infinity/models/mixtral.py and deepseek.py have their
+`expert_predictor.predict` / `prefetch_experts` calls commented out, and the dev branch's Qwen3 block, the
+only one for the paper's model, calls none; only arctic.py and grok.py prefetch): `prefetch='on-demand'`, every
+miss fetched on demand (ExpertDispatcher::GPUFetchFunc) into the in-cache LFU. No released decode path
+prefetches the next layer from the current layer's router logits. `prefetch='eam'` (a variant) is the
+activation-matrix prefetch below, as the paper and the Arctic/Grok paths run it.
+
 Adaptations: a request's EAM enters the collection when the next request starts (reset, or a new
 StepInfo.signals['request'] id when a driver keeps the policy across requests). The code adds 1e-8 to
 every entry of rows >= l, which would queue all L x N experts every layer; here only entries the match
@@ -45,10 +53,19 @@ class MoEInfinity(LFU):
     needs_draft = False
     requires = ()
     profiled = True
-    source = "EfficientMoE/MoE-Infinity memory/expert_{tracer,predictor,prefetcher}.py (a41b5ce5f2); arXiv 2401.14361"
+    source = ("EfficientMoE/MoE-Infinity memory/expert_{tracer,predictor,prefetcher}.py (a41b5ce5f2), models/"
+              "mixtral.py, deepseek.py (d617801793); arXiv 2401.14361")
+    variants = {"prefetch=eam": "the activation-matrix (EAM) match prefetches every later layer's experts (the "
+                                "paper's design; released only for Arctic and Grok)"}
 
-    def __init__(self, trace_capacity: int = 1000):
+    def __init__(self, trace_capacity: int = 1000, prefetch: str = "on-demand"):
         super().__init__(in_cache=True)
+        if prefetch not in ("on-demand", "eam"):
+            raise MoespacError(f"policy {self.name!r}: prefetch {prefetch!r} is not one of on-demand, eam")
+        self.prefetch = prefetch
+        """'on-demand': fetches on demand only (the released Mixtral, DeepSeek and Qwen3 decode paths); 'eam': the
+        activation-matrix match prefetches."""
+        self.profiled = prefetch == "eam"
         if trace_capacity < 1:
             raise MoespacError(f"policy {self.name!r}: trace_capacity must be >= 1, got {trace_capacity}")
         self.trace_capacity = trace_capacity
@@ -117,7 +134,7 @@ class MoEInfinity(LFU):
 
     def end_layer(self, layer, counts, cache):
         L = self.ctx.topology.num_layers
-        if self.unit is None or layer + 1 >= L:  # nothing to match, or no later layer to prefetch
+        if self.prefetch == "on-demand" or self.unit is None or layer + 1 >= L:  # nothing to match, or no later layer to prefetch
             return []
         i = self.best_match()
         if (i, layer) not in self.ranked:  # the collection is fixed during a request: rank each (match, layer) once

@@ -15,6 +15,12 @@ third-party summary); MoE-SpAc Table 1 row "MoE-SpeQ".
   Phase II: missing entries in descending confidence, as many as floor(T_draft / t_io) copies
   (T_draft = gamma * t_draft), priority = confidence. Phase III: what is still missing when a layer
   starts is loaded on demand (plan_layer).
+- Memory split (the row, int4_resident=True): the self-draft's INT4 experts live on the device (it drafts
+  there), so the full-precision experts that verification runs get what is left of the run's memory:
+  capacity - ceil(L E x 4.5/16) slots (Policy.device_slots), at least one layer's E as staging. At Table 1's
+  25 % cache the INT4 copies alone exceed the budget, so verification fetches nearly everything it runs. The
+  INT4 copies' own placement is not modelled beyond their memory (they are taken as resident, as the draft's
+  cost is the dense draft's). int4_resident=False (a variant): the whole budget caches full-precision experts.
 - Cache: LRU (the paper's "cache saturation" rule is not specified further). All compute on the device.
 - elb=previous: the earlier stand-in (the previous target forward's routing as the ELB), for traces
   recorded without the lookahead.
@@ -30,7 +36,7 @@ import math
 
 import numpy as np
 
-from baselines._common import DraftLookaheadLRU
+from baselines._common import INT4_SCALE, DraftLookaheadLRU, self_draft_counts
 from moespac.errors import MoespacError
 
 ELB_SOURCES = ("self-draft", "previous")
@@ -45,15 +51,26 @@ class MoESpeQ(DraftLookaheadLRU):
     stand_in = ("the INT4 self-draft routes the dense draft's tokens (round-to-nearest INT4, not GPTQ); the dense "
                 "draft's acceptance and cost stand in for the self-draft's")
 
-    def __init__(self, elb: str = "self-draft"):
+    variants = {"int4_resident=false": "the INT4 draft experts take no device memory: the whole budget caches "
+                                       "full-precision experts"}
+
+    def __init__(self, elb: str = "self-draft", int4_resident: bool = True):
         if elb not in ELB_SOURCES:
             raise MoespacError(f"policy {self.name!r}: elb {elb!r} is not one of {', '.join(ELB_SOURCES)}")
         self.elb = elb
+        self.int4_resident = bool(int4_resident)
+        """The self-draft's INT4 experts occupy device memory (MoE-SpeQ drafts on the device)."""
         """Where the lookahead buffer comes from: the INT4 self-draft's routing ('self-draft') or the previous
         target forward's ('previous', the stand-in for traces without the self-draft signal)."""
         if elb == "previous":
             self.requires = ()
             self.stand_in = DraftLookaheadLRU.stand_in
+
+    def device_slots(self, topology, capacity):
+        if not self.int4_resident:
+            return capacity
+        int4 = math.ceil(topology.num_layers * topology.num_experts * INT4_SCALE)
+        return max(capacity - int4, min(topology.num_experts, capacity))
 
     def copy_budget(self, step) -> int:
         """Phase II: copies the link completes while the draft runs."""
@@ -65,13 +82,7 @@ class MoESpeQ(DraftLookaheadLRU):
         """The ELB as counts [L, E]: tokens of the lookahead routed to each expert."""
         if self.elb == "previous":
             return prev_counts
-        rows = step.signals.get("self_draft_topk")
-        L, E = prev_counts.shape
-        if rows is None:  # prefill: nothing drafted yet
-            return np.zeros((L, E), dtype=np.int64)
-        ids = np.asarray(rows, dtype=np.int64)  # [L, tokens, k], -1 where the self-draft ran no token
-        flat = (np.arange(L)[:, None, None] * E + ids)[ids >= 0]
-        return np.bincount(flat, minlength=L * E).reshape(L, E)
+        return self_draft_counts(step, prev_counts.shape)
 
     def lookahead(self, prev_counts, step, cache):
         counts = self.buffer(prev_counts, step)
@@ -86,4 +97,4 @@ class MoESpeQ(DraftLookaheadLRU):
         return [(l, e, float(confidence[l, e])) for l, e in hits + fetch]
 
     def describe(self) -> dict:
-        return {"elb": self.elb}
+        return {"elb": self.elb, "full_precision_slots": self.ctx.capacity}

@@ -1,68 +1,108 @@
-"""SpecExp ("Speculating Experts"): at layer l, predict layer l+1's top-k experts and stream them in while
-layer l computes; there is no persistent expert cache.
+"""SpecExp ("Speculating Experts"): at layer l, speculate layer l+1's top-k experts, copy their rows into one of
+a few rotating GPU buffer sets while layer l computes, and run the speculated experts (lossy): layer l+1's
+router is not consulted. Nothing is cached across forwards.
 
-Source: axonn-ai/yalis branch `offload_prefetch` (yalis/external/model.py, commit b1970f7881), Madan et
-al., "Speculating Experts Accelerates Inference for Mixture-of-Experts", arXiv 2603.19289; MoE-SpAc
-Table 1 row "SpecExp".
-- Predictor: SpecExp forms a quasi hidden state from the post-attention residual plus offline "default
-  vectors" of layer l's chosen experts and applies layer l+1's norm and router. Stand-in here: the
-  recorded cross-layer router prediction (signal 'cross_layer_topk': layer l+1's router on layer l's
-  input), which needs no offline vectors. After layer l, every predicted expert of l+1 is prefetched.
-- Streaming: prefetched and loaded experts go through the cache with least-recently-used replacement, so
-  the slots behave as a ring of the latest layers; with more slots than one step's traffic they retain
-  experts across steps, which SpecExp's fixed per-layer buffers would not.
-- Execution: SpecExp runs the *speculated* experts with their weights and does not re-route, so it is
-  lossy. Default here is the lossless variant: the routed experts that were not predicted are loaded on
-  demand. `lossy_execution=True` marks the policy lossy, loads nothing on demand and counts those
-  experts in describe()['speculation_misses']; the real engine cannot run a speculated expert in place
-  of a routed one, so they run on the host (outputs stay exact, timing differs from SpecExp's).
+Source: axonn-ai/yalis branch `offload_prefetch` at b1970f7881129d92448e2f83b0702fea48644b92:
+yalis/external/model.py (LLaMAMoE: the quasi hidden state, `use_prefetched` skips the real router),
+yalis/offloading/manager.py (CPUOffloadManager: `num_prefetch_layers` default 1, layer 0 fetched synchronously
+from its own router, `prefetch_layer`), yalis/offloading/buffer_manager.py (GPUBufferManager:
+`num_prefetch_layers + 1` buffer sets of a whole layer's experts each, rows copied again every forward, sets
+rotating as layer % sets); Madan et al., arXiv 2603.19289; MoE-SpAc Table 1 row "SpecExp".
+
+Modelled:
+- Buffers: (prefetch_layers + 1) x E device slots (Policy.device_slots), not the run's cache, replaced least
+  recently used. Decode copies k rows per token per layer, so a row survives to the next forward only if the
+  slots span a whole forward (2E >= L k); on every Table 1 model they do not, and every row is copied again,
+  as upstream copies it without checking. Prefill copies whole layers (upstream's `copy_all`).
+- Speculation: after layer l, the predicted experts of l+1 are prefetched (most-predicted first). Upstream
+  issues the copy after layer l's attention, before its experts; here the prediction is read after layer l
+  (the engine records it then), so the copy has less time to hide than upstream gives it.
+- Execution (the row, `lossy_execution=True`): layer 0 loads its routed experts; at every later layer the
+  speculated experts run, each routed expert that was not speculated has its tokens run by a speculated one
+  (LayerPlan.substitute) and nothing is loaded on demand except speculated experts whose prefetch the layer
+  overtook (upstream waits for them). describe(): routed experts of decode layers >= 1 that ran as
+  predicted, and those that ran as a substitute. The engine cannot run another expert's weights, so there a
+  substitute runs on the host (exact outputs, timing differs). `lossy_execution=False` (a variant, not the
+  row): routed experts that were not speculated are loaded on demand and the output is exact.
+Stand-in: the recorded cross-layer router prediction (signal 'cross_layer_topk', layer l+1's router on layer
+l's input) replaces the quasi hidden state built from offline default vectors.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from baselines._common import PrefetchLRU, missing, next_layer_prediction
+from baselines._common import PrefetchLRU, next_layer_prediction
+from moespac.errors import MoespacError
 from moespac.policy import LayerPlan, Prefetch
 
 
 class SpecExp(PrefetchLRU):
     name = "specexp"
-    lossless = True
+    lossless = False
     needs_draft = False
     requires = ("cross_layer_topk",)
-    source = "axonn-ai/yalis offload_prefetch, yalis/external/model.py (b1970f7881); arXiv 2603.19289; MoE-SpAc Table 1"
+    source = ("axonn-ai/yalis offload_prefetch @b1970f7881 (external/model.py, offloading/manager.py, "
+              "offloading/buffer_manager.py); arXiv 2603.19289; MoE-SpAc Table 1")
     stand_in = ("the recorded cross-layer router prediction replaces SpecExp's quasi hidden state from offline "
-                "default vectors")
+                "default vectors; the prefetch starts after layer l, not after its attention")
 
-    def __init__(self, lossy_execution: bool = False):
+    variants = {"lossy_execution=false": "routed experts that were not speculated are loaded on demand (exact output)"}
+
+    def __init__(self, lossy_execution: bool = True, prefetch_layers: int = 1):
+        if prefetch_layers < 1:
+            raise MoespacError(f"policy {self.name!r}: prefetch_layers must be >= 1, got {prefetch_layers}")
         self.lossy_execution = bool(lossy_execution)
-        """Do not load mispredicted experts (SpecExp runs the speculated ones instead); lossy."""
+        """Run the speculated experts in place of the routed ones (upstream's default-vector path); False = load
+        the routed experts that were not speculated (exact output)."""
         self.lossless = not self.lossy_execution
+        self.prefetch_layers = int(prefetch_layers)
+        """`num_prefetch_layers`: the device holds this many plus one buffer sets of E expert rows."""
+
+    def device_slots(self, topology, capacity):
+        return min(capacity, (self.prefetch_layers + 1) * topology.num_experts)
 
     def reset(self, ctx):
         placement = super().reset(ctx)
         self.step = None
-        self.speculation_misses = 0
+        self.predicted = np.zeros((ctx.topology.num_layers, ctx.topology.num_experts), dtype=bool)
+        self.ran_as_predicted = self.substituted = self.routed = 0
         return placement
 
     def begin_step(self, step, cache):
         self.step = step
+        self.predicted[:] = False
         return []
 
     def plan_layer(self, layer, counts, cache) -> LayerPlan:
-        plan = super().plan_layer(layer, counts, cache)
-        if not self.lossy_execution:
-            return plan
-        self.speculation_misses += len(missing(layer, counts, cache))
-        return LayerPlan()
+        if self.step is not None and self.step.kind == "prefill":  # upstream copies whole layers in prefill
+            plan = super().plan_layer(layer, counts, cache)
+            rest = np.flatnonzero(~cache.resident[layer] & (counts == 0))
+            return LayerPlan(load=plan.load, carry=rest)
+        if layer == 0 or not self.lossy_execution:  # layer 0 has no speculation: its own router decides
+            return super().plan_layer(layer, counts, cache)
+        self.clock += 1
+        pred, active = self.predicted[layer], counts > 0
+        self.last_use[layer, pred | active] = self.clock
+        self.routed += int(np.count_nonzero(active))
+        self.ran_as_predicted += int(np.count_nonzero(active & pred))
+        self.substituted += int(np.count_nonzero(active & ~pred))
+        overtaken = np.flatnonzero(pred & ~cache.resident[layer])  # its copy had not started: wait for it
+        return LayerPlan(load=overtaken[active[overtaken]], carry=overtaken[~active[overtaken]],
+                         substitute=np.flatnonzero(active & ~pred & ~cache.resident[layer]))
 
     def end_layer(self, layer, counts, cache) -> list[Prefetch]:
         if layer + 1 >= self.ctx.topology.num_layers:
             return []
-        predicted = np.flatnonzero(next_layer_prediction(self.step, layer, self.ctx.topology.num_experts, self.name))
-        self.touch((layer + 1, int(e)) for e in predicted)
-        return [Prefetch(layer + 1, int(e)) for e in predicted if not cache.resident[layer + 1, e]]
+        votes = next_layer_prediction(self.step, layer, self.ctx.topology.num_experts, self.name)
+        order = np.argsort(-votes, kind="stable")
+        order = order[votes[order] > 0]
+        self.predicted[layer + 1, order] = True
+        self.touch((layer + 1, int(e)) for e in order)
+        return [Prefetch(layer + 1, int(e), float(votes[e])) for e in order if not cache.resident[layer + 1, e]]
 
     def describe(self) -> dict:
-        return {"speculation_misses": self.speculation_misses}
+        return {"buffer_slots": (self.prefetch_layers + 1) * self.ctx.topology.num_experts,
+                "routed_after_layer0": self.routed, "ran_as_predicted": self.ran_as_predicted,
+                "ran_as_substitute": self.substituted,
+                "prefetch_accuracy": self.ran_as_predicted / self.routed if self.routed else None}

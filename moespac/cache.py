@@ -28,6 +28,9 @@ class CacheCounters:
     """Activated experts loaded on demand (blocking) and then run on the device."""
     host: int = 0
     """Activated experts computed on the host."""
+    substituted: int = 0
+    """Activated experts that did not run: a lossy policy ran a resident expert with their tokens instead
+    (LayerPlan.substitute; simulator only)."""
     prefetched: int = 0
     """Prefetch copies completed."""
     prefetch_dropped: int = 0
@@ -36,6 +39,8 @@ class CacheCounters:
     """Prefetch requests refused (no slot and the policy chose no victim)."""
     evictions: int = 0
     """Resident experts evicted to make room."""
+    restored: int = 0
+    """Copies of resident experts that changed nothing resident (Prefetch.restore; simulator only)."""
     carried: int = 0
     """Experts copied in with their layer although not activated (LayerPlan.carry: a whole fused layer moved)."""
     bytes_copied: int = 0
@@ -43,7 +48,7 @@ class CacheCounters:
 
     @property
     def activations(self) -> int:
-        return self.hits + self.loads + self.host
+        return self.hits + self.loads + self.host + self.substituted
 
     def hit_rate(self) -> float:
         """Share of activated experts found resident (the paper's GPU cache hit rate)."""

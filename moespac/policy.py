@@ -132,6 +132,12 @@ class LayerPlan:
     loaded like `load` (blocking, into slots) and stay resident until evicted."""
     host: np.ndarray | None = None
     """Experts to run on the host. None = every activated expert that is neither resident nor loaded."""
+    substitute: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Activated, non-resident experts that do not run: a lossy policy runs a resident expert with their tokens
+    instead (SpecExp executes its speculated experts, not the routed ones). The simulator charges their tokens as
+    device compute of an expert of the same size and counts them as `substituted`; the engine cannot run other
+    weights in place of the routed ones, so it runs them on the host (outputs stay exact, its timing is not
+    the lossy system's)."""
 
 
 class Prefetch(NamedTuple):
@@ -142,6 +148,10 @@ class Prefetch(NamedTuple):
     expert: int
     priority: float = 0.0
     """Higher is served first; FIFO among equal priorities."""
+    restore: bool = False
+    """Copy a resident expert's bytes again, changing nothing resident (Fate re-copies each used expert's INT4
+    version after it runs). The simulator's link spends the copy on it (counter `restored`); the engine skips
+    it, as it skips every request for a resident expert (its slots keep the dequantised weights)."""
 
 
 class CacheView(Protocol):
@@ -169,12 +179,16 @@ class Policy:
     """Paper, repository and commit the behaviour follows."""
     stand_in: ClassVar[str] = ""
     """One line on what replaces the system's own mechanism here, when something does ('' = nothing)."""
+    variants: ClassVar[dict[str, str]] = {}
+    """Other settings of the system worth a row of their own: spec options -> what they change. The catalogue's
+    row runs the defaults (`moespac policy list` shows both)."""
     profiled: ClassVar[bool] = False
     """Reads a profiling run of other requests (ctx.warmup_counts, ctx.history) when the driver has one; a
     driver then gives it one (see `uses_profile`)."""
     transfer_scale: float = 1.0
     """Bytes of one expert copy relative to a full-precision one; < 1 = compressed, lossy copies (Fate's
-    INT4: 0.25). The simulator scales copy bytes and time by it; the engine copies INT4 (moespac/engine/store.py)."""
+    INT4 with its scales: 4.5/16). The simulator scales copy bytes and time by it; the engine copies INT4
+    (moespac/engine/store.py)."""
 
     def uses_profile(self) -> bool:
         """Whether this instance reads profiling data (a static placement, an activation-matrix collection)."""
@@ -213,6 +227,13 @@ class Policy:
         Used only where the class that defines it also defines victim() (`batches_victims`), so a subclass
         that changes victim() is never bypassed. `cache.requesting` is not set for it."""
         return None
+
+    def device_slots(self, topology: Topology, capacity: int) -> int:
+        """Device expert slots the system makes of the run's `capacity` (full-precision slots): fewer for one that
+        streams experts through fixed buffers (SpecExp), more for one that caches compressed experts (Fate's
+        INT4; the simulator caps it at every expert). The engine dequantises into full-precision slots, so it
+        holds at most `capacity`."""
+        return capacity
 
     def describe(self) -> dict:
         """Per-request statistics the policy wants in the result record (e.g. tau per layer)."""

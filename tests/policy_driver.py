@@ -1,7 +1,8 @@
 """A tiny policy driver for behaviour tests: the engine's call sequence over hand-made routing, with an
 infinitely fast copy link (the prefetch queue is served completely whenever a hook returns requests).
 
-Mirrors moespac/engine/hybrid.py: drop a layer's queued prefetches when it starts, plan, freeze the hits,
+Mirrors moespac/engine/hybrid.py (the run's capacity capped by Policy.device_slots): drop a layer's queued
+prefetches when it starts, plan, freeze the hits,
 load plan.load (activated, non-resident experts only; a refused slot means the host runs it) and
 plan.carry (non-activated ones copied along), count hits / loads / host / carried, unfreeze, end_layer.
 Independent of moespac/sim.
@@ -9,6 +10,7 @@ Independent of moespac/sim.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +27,7 @@ class LayerRun:
     host: set
     loaded: list
     hits: set
+    substitute: set = field(default_factory=set)  # plan.substitute: the engine runs them on the host
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Run:
     layers: list = field(default_factory=list)  # [step][layer] -> LayerRun
     prefetched: list = field(default_factory=list)  # (step, layer-before-which, (layer, expert)) in copy order
     residency: list = field(default_factory=list)  # resident mask after each step
+    restored: list = field(default_factory=list)  # Prefetch.restore requests, as `prefetched`
 
 
 def context(L: int, E: int, k: int, capacity: int, signals=(), **kw) -> PolicyContext:
@@ -57,6 +61,7 @@ def step(index: int, kind: str = "ar", tokens: int = 1, gamma: int = 0, **signal
 def drive(policy: Policy, ctx: PolicyContext, steps: list[tuple[StepInfo, np.ndarray]]) -> Run:
     """Run `policy` over (StepInfo, counts [L, E]) pairs; returns the cache and a per-layer log."""
     L, E = ctx.topology.num_layers, ctx.topology.num_experts
+    ctx = dataclasses.replace(ctx, capacity=min(ctx.capacity, policy.device_slots(ctx.topology, ctx.capacity)))
     cache = ExpertCache(ctx.topology, ctx.capacity, ctx.per_layer_capacity, expert_bytes=1)
     queue = PrefetchQueue()
     placement = policy.reset(ctx)
@@ -66,6 +71,9 @@ def drive(policy: Policy, ctx: PolicyContext, steps: list[tuple[StepInfo, np.nda
     def serve(requests, where):
         queue.push(requests)
         while (r := queue.pop()) is not None:
+            if r.restore:  # as the engine: traffic only, nothing to do here
+                run.restored.append((where, (r.layer, r.expert)))
+                continue
             if cache.start_prefetch(r.layer, r.expert, policy) is None:
                 continue
             cache.finish_prefetch(r.layer, r.expert)
@@ -105,7 +113,8 @@ def drive(policy: Policy, ctx: PolicyContext, steps: list[tuple[StepInfo, np.nda
             cache.check()
             log.append(LayerRun(set(np.flatnonzero(on_device).tolist()),
                                 set(np.flatnonzero(active & ~on_device).tolist()), [e for e in loaded if active[e]],
-                                set(np.flatnonzero(hit & on_device).tolist())))
+                                set(np.flatnonzero(hit & on_device).tolist()),
+                                set(np.asarray(plan.substitute, dtype=np.int64).tolist())))
             serve(policy.end_layer(layer, c, cache), (s, layer + 1))
         serve(policy.end_step(info, cache), (s + 1, 0))
         run.layers.append(log)

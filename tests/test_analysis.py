@@ -196,6 +196,24 @@ def test_a_row_that_is_not_its_system_says_so(tmp_path):
         assert bench_row(measured)["note"] == note and bench_row(dict(measured, timing="simulated"))["note"] is None
 
 
+def test_a_lossy_row_is_marked_and_moespac_is_also_compared_with_the_best_lossless_baseline():
+    """Fate's row copies INT4 experts: it carries a ‡ and the note, and beside 'vs the best baseline' (Fate here)
+    the table says where MoE-SpAc stands against the best baseline that computes what it computes (HybriMoE)."""
+    from moespac.analysis.records import bench_row
+    from records import simulated_record
+
+    cells = [("moespac", "moespac", 8, 10.0), ("fate", "fate", 0, 40.0), ("hybrimoe", "hybrimoe", 0, 8.0)]
+    records = [simulated_record(method=m, policy=p, gamma=g, tps=t) for m, p, g, t in cells]
+    df = pd.DataFrame([bench_row(r) for r in records]).reindex(columns=COLUMNS)
+    assert df["lossy"].tolist() == [False, True, False]
+    _, blocks = tables.table1(df, ["gsm8k"])
+    rows = {r[0]: r for r in blocks[0].rows}
+    assert "Fate†‡" in rows and "HybriMoE†" in rows and tables.LOSSY_NOTE in blocks[0].notes  # both stand-ins too
+    best = rows["Rel. Imprv. (MoE-SpAc vs the best Table 1 baseline here)"][1]
+    exact = rows["Rel. Imprv. (MoE-SpAc vs the best lossless Table 1 baseline here)"][1]
+    assert best.startswith("-75.0%") and exact.startswith("+25.0%")
+
+
 def test_a_stand_in_row_is_marked_and_says_what_stands_in_under_the_table():
     """A row whose policy documents a stand-in (Policy.stand_in, as `moespac policy list` shows it) carries a †
     and its text under the table; a policy that is its system's rule (LRU here) does not."""
@@ -206,7 +224,7 @@ def test_a_stand_in_row_is_marked_and_says_what_stands_in_under_the_table():
     records = [simulated_record(method=m, policy=m, gamma=8) for m in ("sp-moe", "lru")]
     df = pd.DataFrame([bench_row(r) for r in records]).reindex(columns=COLUMNS)
     assert df["stand_in"].iloc[0] == make_policy("sp-moe").stand_in and df["stand_in"].isna().iloc[1]
-    assert stand_in_of("moe-speq:elb=previous") == make_policy("sp-moe").stand_in != stand_in_of("moe-speq")
+    assert stand_in_of("moe-speq:elb=previous") == stand_in_of("sp-moe:predictor=previous") != stand_in_of("moe-speq")
     _, blocks = tables.table1(df, ["gsm8k"])
     assert [r[0] for r in blocks[0].rows[:2]] == ["SP-MoE†", "LRU (reference)"]
     assert [n for n in blocks[0].notes if "†" in n] == [f"SP-MoE†: a stand-in, not all of its system "

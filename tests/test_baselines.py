@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from moespac.trace import load_trace
 from policy_driver import context, counts_of, drive, random_steps, step
 
 from baselines.accelerate import Accelerate
-from baselines.fate import Fate
+from baselines.fate import Fate, upstream_budgets
 from baselines.fiddler import Fiddler
 from baselines.hybrimoe import HybriMoE, greedy_split
 from baselines.ktransformers import KTransformers
@@ -26,7 +28,7 @@ from baselines.vllm_offload import VLLMOffload
 from moespac.cache import ExpertCache
 from moespac.cli import main
 from moespac.errors import MoespacError
-from moespac.policy import SIGNALS, UnitCosts
+from moespac.policy import SIGNALS, Topology, UnitCosts
 from moespac.registry import make_policy, policies
 
 ALL_SIGNALS = tuple(SIGNALS)
@@ -122,9 +124,10 @@ def _table_cell(policy, trace, profile=()):
 
 
 def test_moe_infinity_matches_a_profiling_run_of_other_prompts_on_a_one_request_cell(tmp_path):
-    """A Table 1 cell replays one request: MoE-Infinity's activation-matrix collection must come from elsewhere
+    """A Table 1 cell replays one request: the EAM variant's activation-matrix collection must come from elsewhere
     (other prompts, as MoE-Infinity collects offline), else it never predicts and is LFU. With the profiling
-    traces it prefetches and differs from LFU; the record names the traces, not the replayed one."""
+    traces it prefetches and differs from LFU; the record names the traces, not the replayed one. The row runs
+    the released decode path: on-demand fetches into the in-cache LFU, profile or not."""
     from moespac.policy import Topology
     from moespac.sim.synthetic import synthetic_trace
 
@@ -135,10 +138,14 @@ def test_moe_infinity_matches_a_profiling_run_of_other_prompts_on_a_one_request_
         path = tmp_path / f"other{seed}.npz"
         synthetic_trace(topo, new_tokens=32, gamma=0, prompt_tokens=6, seed=seed).save(path)
         others.append(str(path))
-    alone, lfu = _table_cell("moe-infinity", replayed), _table_cell("lfu:in_cache=true", replayed)
+    eam = "moe-infinity:prefetch=eam"
+    alone, lfu = _table_cell(eam, replayed), _table_cell("lfu:in_cache=true", replayed)
     assert alone["metrics"]["counters"]["prefetched"] == 0  # one request, nothing to match: LFU
     assert alone["metrics"]["tokens_per_s"] == lfu["metrics"]["tokens_per_s"]
-    profiled = _table_cell("moe-infinity", replayed, others)
+    row = _table_cell("moe-infinity", replayed, others)
+    assert row["metrics"]["counters"]["prefetched"] == 0
+    assert row["metrics"]["counters"] == lfu["metrics"]["counters"]
+    profiled = _table_cell(eam, replayed, others)
     assert profiled["metrics"]["counters"]["prefetched"] > 0
     assert profiled["metrics"]["tokens_per_s"] != lfu["metrics"]["tokens_per_s"]
     window = profiled["warmup_window"]
@@ -234,7 +241,7 @@ def test_mixtral_offloading_lru_within_each_layer():
 
 
 def test_moe_infinity_prefetches_the_best_matching_past_request():
-    policy = MoEInfinity(trace_capacity=2)
+    policy = MoEInfinity(trace_capacity=2, prefetch="eam")
     ctx = context(2, 4, 1, 2)
     req = lambda first, second: [(step(0), counts_of(2, 4, {0: [first], 1: [second]}))]
     assert drive(policy, ctx, req(0, 1)).prefetched == []  # nothing to match yet
@@ -248,7 +255,7 @@ def test_moe_infinity_prefetches_the_best_matching_past_request():
 
 
 def test_moe_infinity_files_requests_by_step_signal_when_kept_warm():
-    policy = MoEInfinity()
+    policy = MoEInfinity(prefetch="eam")
     steps = [(step(s, request=r), counts_of(2, 4, {0: [a], 1: [b]}))
              for s, (r, a, b) in enumerate([(0, 0, 1), (1, 2, 3), (2, 2, 3)])]
     run = drive(policy, context(2, 4, 1, 2), steps)  # one reset: requests told apart by their id
@@ -258,6 +265,9 @@ def test_moe_infinity_files_requests_by_step_signal_when_kept_warm():
 
 def test_hybrimoe_score_update():
     policy = HybriMoE()
+    policy.reset(context(1, 8, 3, 2))
+    assert policy.p == 6  # upstream refreshes 2 top_k scores per router call
+    policy = HybriMoE(top_p=12)
     drive(policy, context(1, 4, 1, 2), [(step(0), counts_of(1, 4, {0: {0: 2, 1: 1, 3: 1}})),
                                         (step(1), counts_of(1, 4, {0: {2: 4}}))])
     # s = counts / 4; S = 0.5 s, then S = 0.5 S + 0.5 s'
@@ -289,6 +299,8 @@ def test_hybrimoe_prefetches_next_layer_top_score_and_evicts_lowest():
     assert run.prefetched == [((1, 1), (1, 3))]  # ... is layer 1's best score when layer 0 ends ...
     assert run.layers[1][1].hits == {3}  # ... and hits in step 1
     assert resident_set(run, 1) == {1, 3}  # it replaced the lowest score (expert 0, tie with 1: lower id)
+    row = drive(HybriMoE(), context(2, 4, 1, 4, costs=costs), steps)  # the row: upstream's prefetch_size 0
+    assert row.prefetched == [] and row.layers[1][1].host == {3}
 
 
 def test_hybrimoe_prefill_runs_everything_on_the_device():
@@ -302,27 +314,46 @@ def cross_step(s, routed, predicted, k=1):
     return step(s, cross_layer_topk=cross), counts_of(len(routed), 4, {l: [e] for l, e in enumerate(routed)})
 
 
-def test_fate_prefetches_cross_layer_prediction():
-    run = drive(Fate(), context(3, 4, 1, 6, signals=["cross_layer_topk"]), [cross_step(0, [0, 2, 3], [2, 1])])
-    assert run.prefetched == [((0, 1), (1, 2)), ((0, 2), (2, 1))]
-    assert [log.hits for log in run.layers[0]] == [set(), {2}, set()]  # the wrong guess for layer 2 misses
-    assert run.cache.counters.loads == 2
+def test_fate_placement_is_upstreams_four_whole_layers_then_an_even_split():
+    assert upstream_budgets(40, 8, 8, 8).tolist() == [8, 8, 8, 8, 2, 2, 2, 2]  # (40 - 32) // 4 each
+    assert upstream_budgets(43, 8, 8, 8).tolist() == [8, 8, 8, 8, 2, 2, 2, 2]  # the remainder stays unused
+    assert upstream_budgets(10, 4, 4, 4).tolist() == [4, 4, 2, 0]  # fewer than 4 whole layers: in order
+    fate = Fate(lossy_transfer=False)
+    placement = fate.reset(context(8, 8, 1, 40, signals=["cross_layer_topk"]))
+    assert placement.sum(axis=1).tolist() == [8, 8, 8, 8, 2, 2, 2, 2] and placement[4, :2].all()
 
 
-def test_fate_shallow_favouring_budgets():
-    fate = Fate(shallow_bias=3.0)
-    fate.reset(context(4, 8, 1, 10, signals=["cross_layer_topk"]))
-    assert fate.budgets.tolist() == [4, 3, 2, 1]  # weights 3, 7/3, 5/3, 1; largest remainder
+def test_fate_int4_row_caches_more_experts_in_the_same_memory():
+    qwen3 = Topology(48, 128, 8)
+    assert Fate().device_slots(qwen3, 1536) == 5461  # 1536 * 16 / 4.5: 89 % of the model, not 25 %
+    assert Fate(lossy_transfer=False).device_slots(qwen3, 1536) == 1536
+    assert Fate().device_slots(qwen3, 6000) == 48 * 128
+
+
+def test_fate_prefetches_the_predicted_experts_up_to_its_decode_budget():
+    # 5 layers of 4 experts, 18 slots: layers 0-3 whole, layer 4 holds experts 0 and 1
+    ctx = context(5, 4, 1, 18, signals=["cross_layer_topk"], costs=UnitCosts(t_io=1.0, t_layer=1.0, t_gpu=0.0))
+    routed, predicted = [0, 1, 2, 3, 2], [1, 2, 3, 2]
+    run = drive(Fate(lossy_transfer=False), ctx, [cross_step(0, routed, predicted)])
+    assert run.prefetched == [((0, 4), (4, 2))]  # only layer 4 is not whole
+    assert [log.hits for log in run.layers[0]] == [{0}, {1}, {2}, {3}, {2}]
+    # decode budget floor(t_layer / copy time): one layer's time fits no full-precision copy of 1.5 s
+    slow = context(5, 4, 1, 18, signals=["cross_layer_topk"], costs=UnitCosts(t_io=1.5, t_layer=1.0, t_gpu=0.0))
+    run = drive(Fate(lossy_transfer=False), slow, [cross_step(0, routed, predicted)])
+    assert run.prefetched == [] and run.layers[0][4].loaded == [2]
+    # the INT4 row copies each used expert of layers >= 1 again after it runs (post_comp); layer 0 it keeps
+    int4 = drive(Fate(), dataclasses.replace(ctx, capacity=5), [cross_step(0, routed, predicted)])
+    assert [r for _, r in int4.restored] == [(1, 1), (2, 2), (3, 3), (4, 2)]
 
 
 def test_fate_arc_keeps_a_reused_expert_through_a_scan_and_adapts():
     ctx = context(1, 6, 1, 2, signals=["cross_layer_topk"])
-    scan = [0, 0, 1, 2, 3]
-    fate = Fate()
-    assert resident_set(drive(fate, ctx, single_layer_trace(6, scan))) == {0, 3}  # 0 is in T2
-    assert resident_set(drive(LRU(), ctx, single_layer_trace(6, scan))) == {2, 3}
-    run = drive(fate, ctx, single_layer_trace(6, scan + [2]))  # 2 is a ghost in B1: p grows, T2 gives
-    assert fate.arc[0].p == 1.0 and resident_set(run) == {2, 3}
+    scan = [2, 2, 3, 4, 5]  # Fate starts holding experts 0 and 1 (T1)
+    fate = Fate(lossy_transfer=False)  # 2 full-precision slots (the INT4 row would hold all 6 experts)
+    assert resident_set(drive(fate, ctx, single_layer_trace(6, scan))) == {2, 5}  # 2 is in T2
+    assert resident_set(drive(LRU(), ctx, single_layer_trace(6, scan))) == {4, 5}
+    run = drive(fate, ctx, single_layer_trace(6, scan + [4]))  # 4 is a ghost in B1: p grows, T2 gives
+    assert fate.arc[0].p == 1.0 and resident_set(run) == {4, 5}
 
 
 def test_fate_and_specexp_need_the_per_step_signal():
@@ -333,25 +364,41 @@ def test_fate_and_specexp_need_the_per_step_signal():
 
 
 def test_lossy_flags():
-    assert Fate().lossless and Fate().transfer_scale == 1.0
-    lossy = make_policy("fate:lossy_transfer=true")
-    assert not lossy.lossless and lossy.transfer_scale == 0.25
-    assert not make_policy("specexp:lossy_execution=true").lossless and SpecExp().lossless
-    # only Fate's lossy variant compresses its copies; every policy class copies full precision by default
+    exact = make_policy("fate:lossy_transfer=false")
+    assert exact.lossless and exact.transfer_scale == 1.0
+    assert not Fate().lossless and Fate().transfer_scale == 4.5 / 16  # the row copies INT4
+    assert make_policy("specexp:lossy_execution=false").lossless and not SpecExp().lossless  # the row is lossy
+    # only a Fate instance's INT4 row compresses its copies: every policy class declares full precision
     assert [n for n, cls in policies().items() if cls.transfer_scale != 1.0] == []
 
 
-@pytest.mark.parametrize("lossy", [False, True])
-def test_specexp_streams_next_layer_prediction(lossy):
-    policy = SpecExp(lossy_execution=lossy)
-    run = drive(policy, context(3, 4, 1, 6, signals=["cross_layer_topk"]), [cross_step(0, [0, 2, 3], [2, 1])])
-    assert run.layers[0][1].hits == {2}
+def test_specexp_runs_its_speculation_and_streams_through_two_buffer_sets():
+    """Upstream's decode path: layer 0 loads what its router picks, every later layer runs the experts the
+    previous layer speculated (a routed expert that was not speculated has its tokens run by a speculated one),
+    and the device holds (num_prefetch_layers + 1) x E rows, not the run's cache."""
+    policy = SpecExp()
+    ctx = context(3, 4, 1, 12, signals=["cross_layer_topk"])
+    run = drive(policy, ctx, [cross_step(0, [0, 2, 3], [2, 1])])
+    assert run.cache.capacity == 8  # two buffer sets of 4 rows, though the run offers 12 slots
     assert run.prefetched == [((0, 1), (1, 2)), ((0, 2), (2, 1))]
-    c = run.cache.counters
-    if lossy:  # misses are not loaded: they are what SpecExp would replace by its speculated experts
-        assert (c.loads, c.host, policy.describe()["speculation_misses"]) == (0, 2, 2)
-    else:
-        assert (c.loads, c.host) == (2, 0)
+    assert [log.loaded for log in run.layers[0]] == [[0], [], []]  # only layer 0 loads on demand
+    assert [log.substitute for log in run.layers[0]] == [set(), set(), {3}]  # 1 was speculated, 3 routed
+    stats = policy.describe()
+    assert (stats["ran_as_predicted"], stats["ran_as_substitute"], stats["buffer_slots"]) == (1, 1, 8)
+    exact = drive(SpecExp(lossy_execution=False), ctx, [cross_step(0, [0, 2, 3], [2, 1])])
+    assert [log.loaded for log in exact.layers[0]] == [[0], [], [3]]  # the variant loads the routed expert
+
+
+def test_specexp_copies_every_row_again_each_forward():
+    """Nothing survives to the next forward: with 5 layers of one token, the two buffer sets (2 x 2 rows)
+    hold only the last layers' rows when the next forward starts, so every row is copied again."""
+    routed, predicted = [0, 1, 0, 1, 0], [1, 0, 1, 0]
+    steps = [cross_step(s, routed, predicted) for s in range(3)]
+    run = drive(SpecExp(), context(5, 2, 1, 10, signals=["cross_layer_topk"]), [(s, c[:, :2]) for s, c in steps])
+    assert run.cache.capacity == 4
+    assert [len([p for p in run.prefetched if p[0][0] == s]) for s in range(3)] == [4, 4, 4]
+    assert [log[0].loaded for log in run.layers] == [[0], [0], [0]]
+    assert run.cache.counters.hits == 3 * 4  # each speculated row, copied this forward, is what runs
 
 
 # -- speculative-decoding baselines -----------------------------------------------------------------
@@ -359,12 +406,29 @@ def test_specexp_streams_next_layer_prediction(lossy):
 def test_sp_moe_prefetches_up_to_the_cutoff_layer_during_drafting():
     ctx = context(6, 4, 1, 3, signals=["draft"], costs=UnitCosts(t_io=1.0, t_draft=1.5))
     routing = counts_of(6, 4, {l: [l % 4] for l in range(6)})
-    policy = SPMoE()
+    policy = SPMoE(predictor="previous")
     run = drive(policy, ctx, [(step(0, "prefill", 1), routing), (step(1, "verify", 3, gamma=2), routing)])
     # T_draft = 2 * 1.5 = 3 -> L* = 3 layers; LRU had kept only layers 3..5 of step 0
     assert run.prefetched == [((1, 0), (0, 0)), ((1, 0), (1, 1)), ((1, 0), (2, 2))]
     assert [log.hits for log in run.layers[1]] == [{0}, {1}, {2}, set(), set(), set()]
     assert policy.cutoff(step(2, "verify", 2, gamma=1)) == 1 and policy.cutoff(step(2, "ar")) == 0
+
+
+def test_sp_moe_row_predicts_from_the_draft_phase_not_the_previous_forward():
+    """The row reads the target's routers over this step's drafted tokens: it fetches what the verification will
+    use even where the previous forward routed elsewhere (the previous-forward variant fetches the old ones)."""
+    ctx = context(2, 4, 1, 2, signals=["draft", "self_draft_topk"], costs=UnitCosts(t_io=1.0, t_draft=1.0))
+    before = counts_of(2, 4, {0: [0], 1: [1]})
+    now = counts_of(2, 4, {0: [2], 1: [3]})
+    drafted = np.array([[[2], [2], [-1]], [[3], [3], [-1]]])  # two drafted tokens; the bonus row has none
+    steps = [(step(0, "prefill", 1), before), (step(1, "verify", 3, gamma=2, self_draft_topk=drafted), now)]
+    run = drive(SPMoE(), ctx, steps)
+    assert [p for p in run.prefetched if p[0][0] == 1] == [((1, 0), (0, 2)), ((1, 0), (1, 3))]
+    assert [log.hits for log in run.layers[1]] == [{2}, {3}]
+    old = drive(SPMoE(predictor="previous"), dataclasses.replace(ctx, signals=frozenset(["draft"])), steps)
+    assert [log.hits for log in old.layers[1]] == [set(), set()]
+    with pytest.raises(MoespacError, match="'self_draft_topk'"):
+        SPMoE().reset(context(2, 4, 1, 2, signals=["draft"]))
 
 
 def test_moe_speq_phases():
@@ -384,6 +448,16 @@ def test_moe_speq_phases():
     mask[1, 2] = True
     cache.place(mask)  # phase I: (1, 2) is already resident, so the budget goes further down the buffer
     assert [(r.layer, r.expert) for r in policy.begin_step(verify, cache)] == [(0, 0), (1, 3)]
+
+
+def test_moe_speq_leaves_verification_what_the_int4_draft_experts_do_not_take():
+    qwen3 = Topology(48, 128, 8)  # its INT4 experts: ceil(6144 x 4.5 / 16) = 1728 full-precision slots' worth
+    assert MoESpeQ().device_slots(qwen3, 4000) == 4000 - 1728
+    assert MoESpeQ().device_slots(qwen3, 1536) == 128  # Table 1's 25 %: one layer of staging is left
+    assert MoESpeQ(int4_resident=False).device_slots(qwen3, 1536) == 1536
+    ctx = context(2, 4, 1, 8, signals=["draft", "self_draft_topk"])
+    run = drive(MoESpeQ(), ctx, [])
+    assert run.cache.capacity == 8 - 3 and MoESpeQ().variants
 
 
 def test_moe_speq_reads_the_self_draft_buffer_not_the_previous_forward():
@@ -437,7 +511,7 @@ def test_missing_signals_fail_in_reset_naming_the_signal():
             with pytest.raises(MoespacError, match=f"'{signal}'"):
                 policy.reset(ctx)
             checked += 1
-    assert checked == 7  # llamacpp-sd, sp-moe, moe-speq (draft); fiddler (warmup); fate, specexp (cross); moe-speq (self-draft)
+    assert checked == 8  # llamacpp-sd, sp-moe, moe-speq (draft); fiddler (warmup); fate, specexp (cross); sp-moe, moe-speq (self-draft)
     with pytest.raises(MoespacError, match="'warmup_counts'"):
         make_policy("ktransformers:strategy=frequency").reset(context(2, 4, 1, 4))
 
@@ -456,7 +530,7 @@ def test_policy_list_prints_every_policy_aligned(capsys):
     for name in names:
         assert f"source: {' '.join((policies()[name].source or '-').split())}" in flat
     fate = next(line for line in lines if line.startswith("fate "))
-    assert fate.split()[1:4] == ["yes", "no", "cross_layer_topk"]
+    assert fate.split()[1:4] == ["no", "no", "cross_layer_topk"]  # the row copies INT4
 
 
 def test_the_registry_names_every_policy_class_in_the_tree_once():

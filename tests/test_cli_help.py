@@ -94,7 +94,7 @@ def test_policy_list_shows_each_policys_options_with_their_defaults(capsys):
     blocks = policy_blocks(capsys)
     assert set(blocks) == set(policies())
     for name, cls in policies().items():
-        listed = re.search(r"options: (.*?)(?: methods: |$)", blocks[name])[1]
+        listed = re.search(r"options: (.*?)(?: variants: | methods: |$)", blocks[name])[1]
         items = [] if listed == "none" else listed.split(", ")
         parsed = [parse_policy(f"{name}:{item}")[1] for item in items]  # read back as make_policy reads them
         assert [k for p in parsed for k in p] == list(constructor_options(cls)), name
@@ -102,7 +102,12 @@ def test_policy_list_shows_each_policys_options_with_their_defaults(capsys):
             (key, value), = option.items()
             assert value == constructor_options(cls)[key], (name, item)
             make_policy(f"{name}:{item}")  # each option, at its default, is one make_policy accepts
-    assert "variant=paper" in blocks["moespac"] and "shallow_bias=2.0" in blocks["fate"]
+    assert "variant=paper" in blocks["moespac"] and "lossy_transfer=true" in blocks["fate"]
+    # each variant a policy documents is listed as a spec make_policy accepts
+    for name, cls in policies().items():
+        for options in cls.variants:
+            assert f"variants: {name}:{options} = " in blocks[name] or f" {name}:{options} = " in blocks[name], name
+            make_policy(f"{name}:{options}")
 
 
 def test_policy_list_json_has_the_same_options(capsys):

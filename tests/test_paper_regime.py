@@ -111,3 +111,41 @@ def test_acceptance_draws_hold_alpha_in_few_steps(accept):
         acc, rejected = acc + a, rejected + (a < 8)
     assert abs(acc / (acc + rejected) - accept) < 0.01
     assert pr.accepted_drafts(0.5, 0.0, 8) == 0 and pr.accepted_drafts(1e-9, 1.0, 8) == 8
+
+
+def test_the_self_draft_signal_keeps_its_fidelity_and_leaves_the_routing_as_it_was(monkeypatch):
+    """Each drafted row's self-draft top-k matches the routed top-k at SELF_DRAFT_FIDELITY (the bonus row and
+    prefill have none); it is drawn from its own stream, so the routing is the same as without it."""
+    params = pr.RoutingParams(accept=0.6, temperature=1.0)
+    shape = pr.Shape(requests=2, new_tokens=60, prompt_tokens=8, gamma=4)
+    sd = pr.paper_regime_trace(SMALL, params, shape, seed=5)
+    rows, ids, start, kept = sd.self_draft_topk, sd.topk_ids, 0, []
+    for s in range(sd.num_steps):
+        n = int(sd.steps["step_tokens"][s])
+        block = rows[start:start + n]
+        if sd.kind(s) == "prefill":
+            assert (block == -1).all()
+        else:
+            assert (block[-1] == -1).all() and (block[:-1] >= 0).all()
+            kept += [len(set(block[t, l]) & set(ids[start + t, l])) / SMALL.top_k
+                     for t in range(n - 1) for l in range(SMALL.num_moe_layers)]
+        start += n
+    assert abs(np.mean(kept) - pr.SELF_DRAFT_FIDELITY) < 0.02, np.mean(kept)
+    assert sd.meta["synthetic"]["self_draft_fidelity"] == pr.SELF_DRAFT_FIDELITY
+    assert pr.paper_regime_trace(SMALL, params, shape, seed=5, ar=True).self_draft_topk is None
+    assert "self_draft_topk" in sd.signals()
+    monkeypatch.setattr(pr, "SELF_DRAFT_FIDELITY", 0.3)  # other self-draft draws, the same routing
+    other = pr.paper_regime_trace(SMALL, params, shape, seed=5)
+    assert np.array_equal(other.topk_ids, ids) and np.array_equal(other.cross_topk, sd.cross_topk)
+    assert not np.array_equal(other.self_draft_topk, rows)
+
+
+def test_gains_name_the_best_other_and_the_best_lossless_other():
+    from moespac.experiments.paper_regime import gains
+
+    tps = {"moespac": 20.0, "llamacpp-sd": 16.0, "fate": 50.0, "hybrimoe": 25.0, "oracle-sd": 99.0}
+    record = dict(config=dict(methods=list(tps)),
+                  metrics=dict(rows=[dict(benchmark="gsm8k", methods={k: {"tokens_per_s": v} for k, v in tps.items()})]))
+    g = gains(record)["gsm8k"]
+    assert g["vs"] == pytest.approx(0.25) and g["best"] == "fate" and g["vs_best"] == pytest.approx(-0.6)
+    assert g["best_lossless"] == "hybrimoe" and g["vs_best_lossless"] == pytest.approx(-0.2)  # Fate copies INT4

@@ -77,13 +77,13 @@ def test_accelerate_copies_whole_layers_in_the_engine(micro):
 
 
 def test_moe_infinity_prefetches_from_a_profiling_run_in_the_engine(micro):
-    """In the engine as in the simulator: one request and no profiling run, MoE-Infinity has nothing to match
-    and never prefetches; given the activation matrix of another prompt's run it prefetches from the start."""
+    """In the engine as in the simulator: one request and no profiling run, MoE-Infinity's EAM variant has
+    nothing to match and never prefetches; given the activation matrix of another prompt's run it prefetches from the start."""
     target, draft, prompt, ref = micro
     other = np.random.default_rng(1).integers(0, 4, size=(1, *target_shape(target)))
     prefetched = []
     for history in (None, other):
-        rt = HybridRuntime(target, make_policy("moe-infinity"), RuntimeConfig(cache_ratio=0.25))
+        rt = HybridRuntime(target, make_policy("moe-infinity:prefetch=eam"), RuntimeConfig(cache_ratio=0.25))
         try:
             rt.start_request(gamma=0, history=history)
             res = generate(target, prompt, max_new_tokens=8, runtime=rt, ignore_eos=True)

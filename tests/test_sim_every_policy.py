@@ -27,5 +27,6 @@ def test_policy_runs_in_the_simulator(engine_trace, name):
     rec = simulate(SimConfig(engine_trace, name, "rtx4090-pcie4", cache_ratio=0.25, bounds=False), t)
     c = rec["metrics"]["counters"]
     routed = sum(int((t.step_counts(s) > 0).sum()) for s in range(t.num_steps))  # (step, layer, expert) activations
-    assert c["hits"] + c["loads"] + c["host"] == routed > 0
+    # every activation runs once: resident, loaded, on the host, or (a lossy policy) in a speculated expert's place
+    assert c["hits"] + c["loads"] + c["host"] + c["substituted"] == routed > 0
     assert rec["timing"] == "simulated" and rec["metrics"]["tokens_per_s"] > 0

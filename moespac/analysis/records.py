@@ -22,7 +22,7 @@ COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "
            "max_new_tokens", "cache_ratio", "proxy_prompts", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
            "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
            "skipped", "skip_reason", "draft_charged", "note", "mapping", "tps_lo", "tps_hi", "latency_lo", "latency_hi",
-           "config_hash", "stand_in"]
+           "config_hash", "stand_in", "variants", "lossy"]
 # a measured row of a baseline is our engine running that system's policy, not the system itself (that is a W row)
 ENGINE_NOTE = "this engine running its policy"
 
@@ -62,6 +62,36 @@ def stand_in_of(spec: str | None) -> str | None:
         return make_policy(spec).stand_in or None
     except MoespacError:
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def lossy_of(spec: str | None) -> bool:
+    """Whether a row's policy changes what the model computes (Policy.lossless false: Fate's INT4 experts,
+    SpecExp's speculated ones); False where it cannot be built here."""
+    from moespac.registry import make_policy
+
+    try:
+        return bool(spec) and not make_policy(spec).lossless
+    except MoespacError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def variants_of(spec: str | None) -> str | None:
+    """The other settings of a row's system (Policy.variants) and which one the row runs, for the table's
+    footnote; None where the policy has none or cannot be built here."""
+    from moespac.registry import make_policy, parse_policy
+
+    if not spec:
+        return None
+    try:
+        policy = make_policy(spec)
+    except MoespacError:
+        return None
+    name, options = parse_policy(spec)
+    chosen = {f"{k}={v}".lower() for k, v in options.items()}
+    other = [f"`{name}:{o}` ({what})" for o, what in policy.variants.items() if o.lower() not in chosen]
+    return None if not other else f"the row runs `{spec}`; not shown: " + "; ".join(other)
 
 
 def read_json(path) -> dict:
@@ -129,7 +159,7 @@ def bench_row(rec: dict) -> dict:
         a_over_b_per_token=_num(cost.get("per_token")), hot_cold_accuracy=_num(m.get("hot_cold_accuracy")),
         requests=m.get("requests"), skipped=False, skip_reason=None, draft_charged=draft_charged,
         note=_bench_note(rec), mapping=(rec.get("simulation") or {}).get("topology_mapping"),
-        stand_in=stand_in_of(c["policy"]))
+        stand_in=stand_in_of(c["policy"]), variants=variants_of(c["policy"]), lossy=lossy_of(c["policy"]))
 
 
 def _bench_note(rec: dict) -> str | None:

@@ -65,15 +65,19 @@ def block_title(timing: str, hardware, model, rows: pd.DataFrame, beside_paper: 
 
 
 STAND_IN_MARK = "†"
+LOSSY_MARK = "‡"
+LOSSY_NOTE = (f"{LOSSY_MARK} lossy: the row's output is not the unmodified model's (INT4 experts, or speculated "
+              "experts run in place of routed ones); its speed is not bought at the same accuracy")
 
 
 def shown(part: pd.DataFrame, label: str) -> str:
     """A row's name in a table: its label, and what the row is where that is not the label's system itself
     (records.ENGINE_NOTE, a wrapped system that offloaded nothing; a † where its policy is a documented
-    stand-in, explained under the table)."""
+    stand-in, explained under the table; a ‡ where it is lossy)."""
     rows = part.loc[part["label"] == label]
     notes = rows["note"].dropna()
     mark = STAND_IN_MARK if "stand_in" in rows and rows["stand_in"].notna().any() else ""
+    mark += LOSSY_MARK if "lossy" in rows and rows["lossy"].fillna(False).astype(bool).any() else ""
     return f"{label}{mark} ({notes.iloc[0]})" if len(notes) else f"{label}{mark}"
 
 
@@ -81,8 +85,14 @@ def _stand_in_notes(part: pd.DataFrame) -> list[str]:
     if "stand_in" not in part:
         return []
     marked = part.dropna(subset=["stand_in"]).groupby("label", sort=False)["stand_in"].first()
-    return [f"{label}{STAND_IN_MARK}: a stand-in, not all of its system ({text}; `moespac policy list`)"
-            for label, text in marked.items()]
+    notes = [f"{label}{STAND_IN_MARK}: a stand-in, not all of its system ({text}; `moespac policy list`)"
+             for label, text in marked.items()]
+    if "variants" in part:
+        variants = part.dropna(subset=["variants"]).groupby("label", sort=False)["variants"].first()
+        notes += [f"{label}: {text}" for label, text in variants.items()]
+    if "lossy" in part and part["lossy"].fillna(False).astype(bool).any():
+        notes.append(LOSSY_NOTE)
+    return notes
 
 
 def _pivot(rows: pd.DataFrame, value: str, index: str, columns: str) -> pd.DataFrame:
@@ -157,6 +167,13 @@ def table1(rows: pd.DataFrame, benchmarks: list[str] | None = None):
                 paper_imp = [relative_improvement(_paper_wide(ref, b)) for b in cols + ["average"]]
                 body.append(["Rel. Imprv. (MoE-SpAc vs the best Table 1 baseline here)"] +
                             [_pct(o, key.timing, p) for o, p in zip(imp, paper_imp)])
+                lossy = set(part["label"][part["lossy"].fillna(False).astype(bool)]) if "lossy" in part else set()
+                if lossy & baselines:  # MoE-SpAc is lossless: say where it stands among the rows that are too
+                    exact = baselines - lossy
+                    imp = [relative_improvement(wide[b], among=exact) for b in cols]
+                    imp.append(relative_improvement(avg, among=exact))
+                    body.append(["Rel. Imprv. (MoE-SpAc vs the best lossless Table 1 baseline here)"] +
+                                [_pct(o, key.timing, None) for o in imp])
             blocks.append(Block(f"{unit}, {block_title(key.timing, key.hardware, key.model, part)}",
                                 ["Method"] + [display(b, part) for b in cols] + ["Average"], body,
                                 notes=_notes(part)))

@@ -60,14 +60,18 @@ def policy_methods(name: str) -> list[dict]:
 def policy_info(name: str, cls) -> dict:
     """Everything `policy list` shows about one policy; its entry in `policy list --json`."""
     return dict(name=name, lossless=cls.lossless, needs_draft=cls.needs_draft, requires=list(cls.requires),
-                source=cls.source, stand_in=cls.stand_in, options=policy_options(cls), methods=policy_methods(name))
+                source=cls.source, stand_in=cls.stand_in, options=policy_options(cls), variants=dict(cls.variants),
+                methods=policy_methods(name))
 
 
 def detail_lines(info: dict) -> list[str]:
-    """The indented lines under a policy's row: source, stand-in (when there is one), options, methods."""
+    """The indented lines under a policy's row: source, stand-in (when there is one), options, variants, methods."""
+    name = info["name"]
     options = ", ".join(f"{k}={spec_value(v)}" for k, v in info["options"].items()) or "none"
     methods = [f'{m["slug"]} = {m["policy"]}, "{m["label"]}" ({"SD" if m["draft"] else "AR"})' for m in info["methods"]]
     fields = [("source:", info["source"] or "-"), ("stand-in:", info["stand_in"]), ("options:", options)]
+    fields += [("variants:" if i == 0 else "", f"{name}:{opts} = {what}")
+               for i, (opts, what) in enumerate(info["variants"].items())]  # one variant per line
     fields += [("methods:" if i == 0 else "", m) for i, m in enumerate(methods)]  # one method per line
     lines = []
     for label, text in fields:

@@ -146,7 +146,8 @@ class HybridRuntime:
         with self.cv:
             self.queue.clear()
             self._wait_issuing()
-            self.cache = ExpertCache(self.topology, self.cache.capacity, self.cache.per_layer_capacity,
+            capacity = min(self.store.capacity, self.policy.device_slots(self.topology, self.store.capacity))
+            self.cache = ExpertCache(self.topology, capacity, self.cache.per_layer_capacity,
                                      expert_bytes=self.store.copy_bytes)
             sig = set(signals) | {"cross_layer_topk"} if self.config.trace_cross_layer else set(signals)
             if "draft" in sig:  # a speculative run can always make the self-draft lookahead pass
@@ -235,6 +236,8 @@ class HybridRuntime:
     def _prefetch_one(self, r) -> None:
         """Reserve a slot and issue the copy; the expert is resident at once, and compute waits for its copy
         on the device (its ready event), never on the host."""
+        if r.restore:  # its slot keeps the dequantised weights: nothing to copy again (Prefetch.restore)
+            return
         with self.cv:
             slot = self.cache.start_prefetch(r.layer, r.expert, self.policy)
             if slot is None:

@@ -9,9 +9,11 @@ works again after the runtime closes and a second runtime can be built on it.
 A copy into a slot runs on the copy stream after the last compute that read the slot (`read_done`), and
 records the slot's `ready` event that compute waits for: no host wait anywhere on that path.
 
-transfer_scale < 1 (Fate's lossy variant: policy.transfer_scale = 0.25) copies experts as INT4: every
+transfer_scale < 1 (Fate's INT4 row: policy.transfer_scale = 4.5 / 16) copies experts as INT4: every
 weight row (output channel) is quantised symmetrically to 4 bits once on the host, two values a byte, and
 dequantised into the slot on arrival, so device-resident experts are genuinely lossy (host ones are not).
+A copy counts transfer_scale of an expert's bytes (the policy's format, scales included), as the simulator
+counts it, whatever this per-row packing takes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from moespac.engine.device import COPY, NO_EVENT, Device, Event
 from moespac.engine.kernels import ExpertLayout
 from moespac.errors import MoespacError
 
+INT4_MAX_SCALE = 0.3  # 4 bits a weight plus per-group scales: what an INT4 copy can weigh against 16 bits
 ALIGN = 256  # bytes: each tensor of a host block starts on a boundary that every matmul kernel accepts
 
 
@@ -68,8 +71,9 @@ class ExpertStore:
         self.num_experts = shapes[self.layout.up][0]
         self.expert_bytes = sum(torch.Size(s[1:]).numel() for s in shapes.values()) * getattr(m0, self.layout.up).element_size()
         self.int4 = transfer_scale < 1.0
-        if self.int4 and transfer_scale != 0.25:
-            raise MoespacError(f"transfer_scale {transfer_scale}: the engine's compressed copies are INT4 only (0.25)")
+        if self.int4 and not 0.25 <= transfer_scale <= INT4_MAX_SCALE:
+            raise MoespacError(f"transfer_scale {transfer_scale}: the engine's compressed copies are INT4 only "
+                               f"(0.25 to {INT4_MAX_SCALE} of an expert's bytes, scales included)")
         self.copy_bytes = round(self.expert_bytes * transfer_scale)  # what one copy counts, as the simulator does
         self._taken: list[tuple] = []  # (module, name, device the tensor came from)
         self._blocks: list[torch.Tensor] = []

@@ -35,6 +35,7 @@ class CopyLink:
         self.t_copy, self.expert_bytes = t_copy, expert_bytes
         self.t = 0.0  # idle since t (or busy until `done`)
         self.inflight: tuple[int, int] | None = None
+        self.restoring = False  # the copy in flight is a Prefetch.restore
         self.started = 0.0
         self.done = math.inf
         self.busy = 0.0  # seconds spent copying (prefetches and on-demand loads)
@@ -59,7 +60,7 @@ class CopyLink:
     def wait_layer(self, layer: int, now: float) -> float:
         """Layer `layer` starts at `now`: wait for an in-flight copy of one of its experts."""
         self.advance(now)
-        if self.inflight is not None and self.inflight[0] == layer:
+        if self.inflight is not None and self.inflight[0] == layer and not self.restoring:
             now = self.done
             self._finish()  # no new copy starts here: the layer's on-demand loads would go first
         return now
@@ -94,15 +95,23 @@ class CopyLink:
         cache = self.cache
         while (r := self.queue.pop()) is not None:
             layer, expert = int(r.layer), int(r.expert)
-            if cache.start_prefetch(layer, expert, self.policy) is None:
+            if r.restore:  # traffic only: the expert stays resident as it is (skipped if it left meanwhile)
+                if not cache.resident[layer, expert]:
+                    continue
+            elif cache.start_prefetch(layer, expert, self.policy) is None:
                 continue
             self.inflight, self.started, self.done = (layer, expert), t, t + self.t_copy
+            self.restoring = bool(r.restore)
             return True
         return False
 
     def _finish(self) -> None:
         layer, expert = self.inflight
-        self.cache.finish_prefetch(layer, expert)
+        if self.restoring:
+            self.cache.counters.restored += 1
+            self.cache.counters.bytes_copied += self.expert_bytes
+        else:
+            self.cache.finish_prefetch(layer, expert)
         self.busy += self.done - self.started
         self.t = self.done
         self.inflight, self.done = None, math.inf

@@ -14,7 +14,11 @@ The router model, per request (all draws from one seeded generator):
 - tokens of one step: top-k of the step's logits plus `temperature` x Gumbel noise per token; a low
   temperature makes the gamma + 1 tokens of a verify step share experts (a/b of App. A.1, fitted per
   benchmark);
-- drafts: accepted in turn with probability `accept` until the first rejection (alpha of App. A.1).
+- drafts: accepted in turn with probability `accept` until the first rejection (alpha of App. A.1);
+- the self-draft signal (MoE-SpeQ's INT4 self-draft routing the drafted tokens, read by MoE-SpeQ and SP-MoE):
+  each drafted token's top-k with each entry kept with probability `SELF_DRAFT_FIDELITY` and otherwise swapped
+  for an expert outside the token's top-k (assumed: MoE-SpeQ reports 90.9 % fidelity for its INT4 self-draft
+  on its own models, arXiv 2511.14102; drawn from a generator of its own, so the routing is unchanged).
 
 A verify step's rows 0..emitted-1 are tokens the output keeps; the AR trace of the same request replays exactly
 those rows as one-token steps (as moespac.ar_trace derives an AR trace from a recorded one).
@@ -72,6 +76,24 @@ class Shape:
 
 
 GOLDEN = 0.6180339887498949
+SELF_DRAFT_FIDELITY = 0.909
+"""Share of the self-draft's top-k entries that match the full-precision router's (assumed: the fidelity
+MoE-SpeQ reports for its own INT4 self-draft, arXiv 2511.14102; not a statistic of the MoE-SpAc paper)."""
+
+
+def self_draft_rows(rng, ids: np.ndarray, num_experts: int, fidelity: float) -> np.ndarray:
+    """The self-draft's routing of a verify step's drafted rows (ids [gamma + 1, L, k]; the bonus row, which no
+    draft produced, is -1): each entry kept with probability `fidelity`, else another expert not in that row."""
+    out = ids.copy()
+    out[-1] = -1
+    n, L, k = ids.shape
+    swap = rng.random((n - 1, L, k)) >= fidelity
+    for t, layer, j in zip(*np.nonzero(swap)):
+        taken = set(ids[t, layer].tolist())
+        choices = [e for e in range(num_experts) if e not in taken] if len(taken) < num_experts else []
+        if choices:
+            out[t, layer, j] = choices[int(rng.integers(len(choices)))]
+    return out
 
 
 def accepted_drafts(u: float, accept: float, gamma: int) -> int:
@@ -88,13 +110,14 @@ def _topk(logits: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(-logits, k - 1, axis=-1)[..., :k]
 
 
-def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.ndarray):
-    """(rows [n, L, k], cross [n, L, k], steps [(kind, tokens, gamma, accepted, emitted)]) of one request."""
+def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.ndarray, sd_rng):
+    """(rows [n, L, k], cross [n, L, k], self-draft [n, L, k], steps [(kind, tokens, gamma, accepted, emitted)])
+    of one request."""
     L, E, k, g = spec.num_moe_layers, spec.num_experts, spec.top_k, shape.gamma
     base = rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
     drift = rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
     innov = np.float32(np.sqrt(1.0 - p.persistence ** 2))
-    rows, cross, steps, emitted = [], [], [], 0
+    rows, cross, drafted, steps, emitted = [], [], [], [], 0
     u = rng.random()  # acceptance draws: a golden-ratio sequence from here, so few requests already hold alpha
     while emitted < shape.new_tokens:
         if emitted == 0:
@@ -118,9 +141,11 @@ def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.nda
                 pred[:, layer] = _topk(step[layer + 1] + lead, k)  # layer l + 1's router on layer l's input
         rows.append(ids)
         cross.append(pred)
+        drafted.append(np.full_like(ids, -1) if kind == "prefill"
+                       else self_draft_rows(sd_rng, ids, E, SELF_DRAFT_FIDELITY))
         steps.append((kind, n, gam, acc, out))
         emitted += out
-    return np.concatenate(rows), np.concatenate(cross), steps
+    return np.concatenate(rows), np.concatenate(cross), np.concatenate(drafted), steps
 
 
 def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Shape(), seed: int = 0,
@@ -133,9 +158,10 @@ def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Sh
     perms = np.stack([rng.permutation(E) for _ in range(L)])  # the model's wiring: shared by its requests
     cols = {c: [] for c in ("step_kind", "step_request", "step_tokens", "step_gamma", "step_accepted",
                             "step_emitted")}
-    ids_out, cross_out = [], []
+    ids_out, cross_out, sd_out = [], [], []
+    sd_rng = np.random.default_rng([seed, 1])  # its own stream: the routing draws stay as they were
     for r in range(shape.requests):
-        rows, cross, steps = _request(rng, spec, params, shape, perms)
+        rows, cross, drafted, steps = _request(rng, spec, params, shape, perms, sd_rng)
         start = 0
         for kind, n, gam, acc, out in steps:
             keep = range(start, start + (n if (kind == "prefill" or not ar) else out))
@@ -148,6 +174,7 @@ def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Sh
             else:
                 ids_out.append(rows[start:start + n])
                 cross_out.append(cross[start:start + n])
+                sd_out.append(drafted[start:start + n])
                 for c, v in zip(cols, (KINDS.index(kind), r, n, gam, acc, out)):
                     cols[c].append(v)
             start += n
@@ -160,9 +187,10 @@ def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Sh
                 model_spec=spec.to_dict(), batch_size=1, source=SOURCE,
                 trace_id=f"paper-regime-{spec.name}-{benchmark}-{mode}-s{seed}",
                 synthetic=dict(dataclasses.asdict(params), **dataclasses.asdict(shape), seed=seed, benchmark=benchmark,
-                               ar=ar, source=SOURCE))
+                               ar=ar, source=SOURCE, self_draft_fidelity=None if ar else SELF_DRAFT_FIDELITY))
     return Trace(meta=meta, steps=steps, topk_ids=topk, topk_weights=np.full(topk.shape, 1.0 / k, np.float16),
-                 cross_topk=np.concatenate(cross_out).astype(np.int16)).validate("paper-regime trace")
+                 cross_topk=np.concatenate(cross_out).astype(np.int16),
+                 self_draft_topk=None if ar else np.concatenate(sd_out).astype(np.int16)).validate("paper-regime trace")
 
 
 def measured_statistics(trace: Trace) -> dict:

@@ -10,7 +10,7 @@ Per step (prefill, verify or AR forward), as moespac/engine drives it:
 The same Policy objects, ExpertCache and PrefetchQueue as the engine are used; only time is simulated.
 
 Copies move `policy.transfer_scale` times an expert's bytes and take that share of a copy's time (Fate's
-INT4 copies: 0.25; the link latency is scaled with the rest, as the profile's copy time is one figure).
+INT4 copies: 4.5/16; the link latency is scaled with the rest, as the profile's copy time is one figure).
 `warmup_counts` (see `warmup_window`) is handed to every request's PolicyContext as that signal.
 
 Requests (steps['step_request']) start cold by default: policy.reset and a new cache per request, as the
@@ -104,7 +104,7 @@ class Replay:
                  warmup_counts: np.ndarray | None = None, history: np.ndarray | None = None):
         self.w, self.timing, self.policy = workload, timing, policy
         self.warmup_counts, self.history = warmup_counts, history
-        self.capacity, self.per_layer_capacity = capacity, per_layer_capacity
+        self.per_layer_capacity = per_layer_capacity
         self.costs = costs or UnitCosts()
         self.warm_cache = warm_cache
         topo = workload.topology
@@ -116,6 +116,8 @@ class Replay:
         scale = float(getattr(policy, "transfer_scale", 1.0))
         if not 0.0 < scale <= 1.0:
             raise MoespacError(f"policy {policy.name!r}: transfer_scale {scale} outside (0, 1]")
+        # a streaming system's buffers, or a compressed cache's larger count (Policy.device_slots)
+        self.capacity = min(policy.device_slots(topo, capacity), topo.num_layers * topo.num_experts)
         self.copy_bytes = round(timing.expert_bytes * scale)
         self.copy_s = timing.load * scale
         self.now = 0.0
@@ -209,6 +211,12 @@ class Replay:
                 counters.hits += int(np.count_nonzero(hit & on_device))
             else:  # hits stay resident (frozen), so all of them run on the device
                 counters.hits += int(np.count_nonzero(hit))
+            if len(plan.substitute):  # a lossy policy runs a resident expert with these tokens: device time
+                sub = np.zeros_like(active)
+                sub[np.asarray(plan.substitute, dtype=np.int64)] = True
+                sub &= active & ~on_device
+                counters.substituted += int(np.count_nonzero(sub))
+                on_device = on_device | sub
             host_mask = np.greater(active, on_device)  # active & ~on_device
             on_host = int(np.count_nonzero(host_mask))
             counters.host += on_host
