@@ -11,6 +11,7 @@ from moespac.errors import MoespacError
 from moespac.models.registry import get_spec
 from moespac.policy import Topology
 from moespac.sim import paper_regime as pr
+from moespac.sim.profile import profile_yaml
 from moespac.sim.synthetic import toy_spec
 from moespac.trace import KINDS
 
@@ -149,3 +150,35 @@ def test_gains_name_the_best_other_and_the_best_lossless_other():
     g = gains(record)["gsm8k"]
     assert g["vs"] == pytest.approx(0.25) and g["best"] == "fate" and g["vs_best"] == pytest.approx(-0.6)
     assert g["best_lossless"] == "hybrimoe" and g["vs_best_lossless"] == pytest.approx(-0.2)  # Fate copies INT4
+
+
+def test_the_host_fit_reads_only_the_papers_llamacpp_rows_and_gives_them_back(monkeypatch, tmp_path):
+    """Every reference row but the paper's llama.cpp (no SD) rows is poisoned, MoE-SpAc's and HybriMoE's among
+    them: the fit is the same. Under the inferred host, llama.cpp on the fitted trace gives the paper's number
+    back (bisection tolerance), and the profile is its own, marked inferred."""
+    import moespac.reference as reference
+    from moespac.sim import infer_host as ih
+
+    spec = get_spec("qwen3-30b-a3b")
+    params, shape = pr.RoutingParams(accept=0.83, temperature=1.3), pr.Shape(requests=1, new_tokens=24)
+    trace = pr.paper_regime_trace(spec, params, shape, seed=1, benchmark="gsm8k", ar=True)
+    real = reference.read_reference
+
+    def poisoned(name):
+        rows = [dict(r) for r in real(name)]
+        for r in rows:
+            if r.get("method") not in ih.PAPER_ROWS and "tps" in r:
+                r["tps"] = "nan"
+        return rows
+
+    clean = ih.infer_host("rtx4090-pcie4", {"gsm8k": trace}, 0.25, "qwen3-4b-fp8", tmp_path)
+    monkeypatch.setattr(reference, "read_reference", poisoned)
+    assert ih.infer_host("rtx4090-pcie4", {"gsm8k": trace}, 0.25, "qwen3-4b-fp8", tmp_path)["value"] == clean["value"]
+    assert any(r["method"] == "MoE-SpAc" for r in real("table1_overall"))  # there, and unread
+    monkeypatch.setattr(reference, "read_reference", real)
+    path = tmp_path / "inferred.yaml"
+    path.write_text(profile_yaml(clean["profile"]))
+    assert ih.llamacpp_tps(str(path), trace, 0.25, "qwen3-4b-fp8") == pytest.approx(15.01, rel=0.01)
+    assert clean["profile"].name == "rtx4090-pcie4-paper-inferred"
+    assert "inferred, not measured" in clean["profile"].sources["host_mem_bandwidth"]
+    assert 5e9 < clean["value"] < 1e12 and clean["reads"] == ["llama.cpp"]

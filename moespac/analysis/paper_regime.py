@@ -16,16 +16,20 @@ def _paper_tps() -> dict[tuple[str, str], float]:
 
 
 def frame(record: dict) -> pd.DataFrame:
+    """Long form: one row per benchmark x method x host (the sourced profile, and the inferred one if any)."""
     cfg, m = record["config"], record["metrics"]
     paper = _paper_tps()
-    rows = [dict(table="paper_regime", timing="simulated", hardware=cfg["hardware"], model_spec=cfg["model_spec"],
+    hosts = [("methods", cfg["hardware"])]
+    if m.get("inferred_host"):
+        hosts.append(("methods_inferred", f"{cfg['hardware']}-paper-inferred"))
+    rows = [dict(table="paper_regime", timing="simulated", hardware=hardware, model_spec=cfg["model_spec"],
                  draft_spec=cfg["draft_spec"], cache_ratio=cfg["cache_ratio"], benchmark=r["benchmark"],
                  routing=m["source"] + (" (parameters filled: no A.1 statistics)" if r["filled"] else ""),
                  alpha=r["measured"]["alpha"], a_over_b=r["measured"]["a_over_b"], method=slug,
-                 label=get_method(slug).label, tps=r["methods"][slug]["tokens_per_s"],
-                 hit_rate=r["methods"][slug]["hit_rate"],
+                 label=get_method(slug).label, tps=r[key][slug]["tokens_per_s"],
+                 hit_rate=r[key][slug]["hit_rate"],
                  paper_tps=paper.get((squash(get_method(slug).label), r["benchmark"])))
-            for r in m["rows"] for slug in cfg["methods"] if slug in r["methods"]]
+            for key, hardware in hosts for r in m["rows"] for slug in cfg["methods"] if slug in (r.get(key) or {})]
     return pd.DataFrame(rows)
 
 
@@ -33,30 +37,26 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:+.1f} %"
 
 
-def render(record: dict) -> str:
+def _block(record: dict, key: str, heading: str) -> list[str]:
+    """One host's table (rows[key]) and its verdict line."""
     cfg, m = record["config"], record["metrics"]
     paper = _paper_tps()
-    methods = [x for x in cfg["methods"] if any(x in r["methods"] for r in m["rows"])]
-    g = gains(record)
-    lines = [
-        "# The Table 1 methods on paper-regime routing (timing: simulated)", "",
-        f"Routing: {m['source']}: synthetic traces at {cfg['model_spec']}'s own depth, {cfg['requests']} requests x "
-        f"{cfg['new_tokens']} new tokens, gamma {cfg['gamma']}, per-benchmark acceptance and token spread fitted to "
-        f"App. A.1's alpha and a/b (no throughput is read by the fit). Replayed on `{cfg['hardware']}` (a sourced "
-        f"profile: the paper does not name its host CPU, and its bandwidth decides every hybrid row; inferring it "
-        f"from the paper's llama.cpp rows is not done yet), cache ratio {cfg['cache_ratio']:g}, draft "
-        f"{cfg['draft_spec']} charged. Each cell: simulated tokens/s (the paper's number in brackets).", "",
-        "| benchmark | alpha (A.1) | a/b (A.1) | " + " | ".join(get_method(x).label for x in methods)
-        + " | MoE-SpAc vs llama.cpp-w/ SD | vs best other | vs best lossless other |",
-        "|" + "---|" * (len(methods) + 6)]
+    methods = [x for x in cfg["methods"] if any(x in (r.get(key) or {}) for r in m["rows"])]
+    g = gains(record, key=key)
+    lines = [heading, "",
+             "| benchmark | alpha (A.1) | a/b (A.1) | " + " | ".join(get_method(x).label for x in methods)
+             + " | MoE-SpAc vs llama.cpp-w/ SD | vs best other | vs best lossless other |",
+             "|" + "---|" * (len(methods) + 6)]
     for r in m["rows"]:
         t, got = r["target"], r["measured"]
         stat = lambda k: f"{got[k]:.3f} ({t[k]:.2f})" if k in t else f"{got[k]:.3f} (filled)"
         cells = [r["benchmark"], stat("alpha"), stat("a_over_b")]
         for x in methods:
-            v = r["methods"].get(x, {}).get("tokens_per_s")
+            v = (r.get(key) or {}).get(x, {}).get("tokens_per_s")
             p = paper.get((squash(get_method(x).label), r["benchmark"]))
-            cells.append("-" if v is None else f"{v:.2f}" + ("" if p is None else f" ({p:.2f})"))
+            span = [(r.get(f"{key}_{end}") or {}).get(x, {}).get("tokens_per_s") for end in ("low", "high")]
+            span = "" if None in span else f" [{min(span):.2f}, {max(span):.2f}]"  # not monotone for every policy
+            cells.append("-" if v is None else f"{v:.2f}{span}" + ("" if p is None else f" ({p:.2f})"))
         gb = g[r["benchmark"]]
         best = "" if gb["best"] is None else f" ({get_method(gb['best']).label})"
         exact = "" if gb["best_lossless"] is None else f" ({get_method(gb['best_lossless']).label})"
@@ -64,15 +64,41 @@ def render(record: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     vs, vs_best = mean_or_none(x["vs"] for x in g.values()), mean_or_none(x["vs_best"] for x in g.values())
     vs_exact = mean_or_none(x["vs_best_lossless"] for x in g.values())
-    lines += ["", "## Verdict", "",
-              f"MoE-SpAc against llama.cpp-w/ SD, mean over benchmarks: {_pct(vs)} (the paper: +41.9 % on its Table 1); "
-              f"against the best other method of each benchmark: {_pct(vs_best)}; against the best lossless one (what "
-              f"MoE-SpAc is): {_pct(vs_exact)}. "
+    lines += ["", f"MoE-SpAc against llama.cpp-w/ SD, mean over benchmarks: {_pct(vs)} (the paper: +41.9 % on its "
+              f"Table 1); against the best other method of each benchmark: {_pct(vs_best)}; against the best "
+              f"lossless one (what MoE-SpAc is): {_pct(vs_exact)}. "
               + ("The headline's direction holds on this routing and host." if vs is not None and vs > 0 and
                  vs_exact is not None and vs_exact > 0 else
-                 "The headline does not follow on this routing and host: see which method leads in the last columns.")
-              + " One fitted routing and one seed: no interval is shown, and a difference of a few percent is not "
-              "called.", ""]
+                 "The headline does not follow on this routing and host: see which method leads in the last columns."),
+              ""]
+    return lines
+
+
+def render(record: dict) -> str:
+    cfg, m = record["config"], record["metrics"]
+    host = m.get("inferred_host")
+    lines = [
+        "# The Table 1 methods on paper-regime routing (timing: simulated)", "",
+        f"Routing: {m['source']}: synthetic traces at {cfg['model_spec']}'s own depth, {cfg['requests']} requests x "
+        f"{cfg['new_tokens']} new tokens, gamma {cfg['gamma']}, per-benchmark acceptance and token spread fitted to "
+        f"App. A.1's alpha and a/b (no throughput is read by the fit). Cache ratio {cfg['cache_ratio']:g}, draft "
+        f"{cfg['draft_spec']} charged. Each cell: simulated tokens/s (the paper's number in brackets).", ""]
+    lines += _block(record, "methods", f"## On `{cfg['hardware']}`, a sourced profile (its host is an assumption: the "
+                                       f"paper does not name its CPU)")
+    if host:
+        per = ", ".join(f"{b} {v / 1e9:.1f}" for b, v in host["per_benchmark"].items())
+        lines += _block(record, "methods_inferred",
+                        f"## On the host inferred from the paper's own llama.cpp rows "
+                        f"({host['value'] / 1e9:.1f} GB/s, not measured)")
+        lines += [f"The host memory bandwidth at which this simulator's llama.cpp row gives the paper's llama.cpp "
+                  f"tokens/s, fitted per benchmark on these traces (GB/s): {per}; their geometric mean "
+                  f"{host['value'] / 1e9:.1f} is used (`{cfg['hardware']}` assumes {host['base_value'] / 1e9:.1f}). "
+                  f"The fit reads only the paper's {', '.join(host['reads'])} rows; every other number here is a "
+                  f"prediction. [lo, hi] after a number: the same method at the lowest and highest per-benchmark "
+                  f"fit ({host['low'] / 1e9:.1f}-{host['high'] / 1e9:.1f} GB/s). Only the host bandwidth is "
+                  f"inferred; the profile (in the study's record, metrics.inferred_host.profile_yaml) keeps every "
+                  f"other parameter of `{cfg['hardware']}`.", ""]
+    lines += ["One fitted routing and one seed per benchmark: a difference of a few percent is not called.", ""]
     for note in (m["fill_rule"], m["smape_note"], m.get("self_draft_note")):
         if note:
             lines.append(f"- {note}")
@@ -86,6 +112,7 @@ def plot(record: dict, prefix) -> list:
     from moespac.analysis.style import figure, save
 
     df = frame(record).dropna(subset=["paper_tps"])
+    df = df[df["hardware"] == df["hardware"].iloc[-1]] if len(df) else df  # the inferred host where there is one
     fig, (ax,) = figure(width=5.2, height=4.4)
     for label, part in df.groupby("label", sort=False):
         ax.scatter(part["paper_tps"], part["tps"], label=label, s=22)
@@ -96,6 +123,7 @@ def plot(record: dict, prefix) -> list:
     ax.set_xlabel("the paper's tokens/s (Table 1)")
     style.rate_axis(ax, "tokens/s, simulated on paper-regime routing")
     cfg = record["config"]
-    ax.set_title(f"{cfg['model_spec']} routing fitted to App. A.1, on {cfg['hardware']}", fontsize=9)
+    host = df["hardware"].iloc[0] if len(df) else cfg["hardware"]
+    ax.set_title(f"{cfg['model_spec']} routing fitted to App. A.1, on {host}", fontsize=9)
     ax.legend(fontsize=6, ncol=2)
     return save(fig, prefix)

@@ -63,6 +63,8 @@ def register(sub) -> None:
     pr.add_argument("--gamma", type=int, default=8)
     pr.add_argument("--requests", type=int, default=4)
     pr.add_argument("--new-tokens", type=int, default=256)
+    pr.add_argument("--no-infer-host", dest="infer_host", action="store_false",
+                    help="skip the host inferred from the paper's llama.cpp rows (replay on --hardware only)")
     pr.add_argument("--json", required=True, help="write the result record here")
     pr.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.csv, PREFIX.md, PREFIX.png and PREFIX.pdf")
     pr.set_defaults(func=run_paper_regime, io=IO(outputs=("json",)))
@@ -222,7 +224,7 @@ def run_paper_regime(args) -> int:
     cfg = PaperRegimeStudy(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), benchmarks=benchmarks,
                            hardware=args.hardware, model_spec=args.model_spec, draft_spec=args.draft_spec,
                            cache_ratio=args.cache_ratio, gamma=args.gamma, requests=args.requests,
-                           new_tokens=args.new_tokens)
+                           new_tokens=args.new_tokens, infer_host=args.infer_host)
     record = run_study(cfg, progress=lambda it, n: tqdm(it, total=n, desc="benchmarks"))
     write_result(args.json, record)
     md = render(record)

@@ -6,14 +6,18 @@ alpha and a/b are fitted per benchmark to App. A.1 (moespac/sim/paper_regime.py)
 on one hardware profile, beside the paper's own Table 1 number. No throughput of any method is read by the fit;
 the paper's numbers are shown beside, never used. Every number here is simulated.
 
-Still missing (issue 38, part 2): the paper's host inferred from its llama.cpp rows; here the profile is a
-sourced one, and its host (an assumed Zen 4 desktop) decides every hybrid row.
+With `infer_host`, every method is also replayed on the host inferred from the paper's own llama.cpp rows
+(moespac/sim/infer_host.py: the host bandwidth at which llama.cpp gives the paper's tokens/s, per benchmark),
+beside the sourced profile whose host is an assumption; the headline methods are also replayed at the lowest
+and highest per-benchmark fit, the range the inference leaves open.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -25,8 +29,15 @@ from moespac.policy import check_signals
 from moespac.record import make_record
 from moespac.registry import make_policy
 from moespac.sim import paper_regime as pr
+from moespac.sim.infer_host import infer_host, with_host_bandwidth
+from moespac.sim.profile import profile_yaml
 from moespac.sim.replay import SIM_SIGNALS
 from moespac.sim.simulate import SimConfig, simulate
+
+
+BRACKETED = ("moespac", "llamacpp-sd", "hybrimoe")
+"""Methods also replayed at the lowest and highest per-benchmark host fit: the headline's two sides and the best
+lossless baseline of the sourced run."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,8 @@ class PaperRegimeStudy:
     """New tokens per request."""
     seed: int = 0
     """Seed of the fit and of every trace."""
+    infer_host: bool = True
+    """Also replay every method on the host inferred from the paper's llama.cpp rows (its own profile)."""
 
     def __post_init__(self):
         if not self.methods or not self.benchmarks:
@@ -76,43 +89,63 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
     shape = pr.Shape(requests=cfg.requests, new_tokens=cfg.new_tokens, gamma=cfg.gamma)
     rows, skipped = [], {}
     benches = list(cfg.benchmarks)
-    for i, bench in enumerate(progress(benches, len(benches)) if progress else benches):
+    traces = {}
+    for i, bench in enumerate(benches):
         seed = cfg.seed + 1000 * (list(pr.BENCHMARK_ORDER).index(bench) if bench in pr.BENCHMARK_ORDER else i)
-        sd = pr.paper_regime_trace(spec, params[bench], shape, seed=seed, benchmark=bench)
-        ar = pr.paper_regime_trace(spec, params[bench], shape, seed=seed, benchmark=bench, ar=True)
-        stats = pr.measured_statistics(sd)
-        methods = {}
-        for slug in cfg.methods:
-            m = get_method(slug)
-            trace = sd if m.draft else ar
-            try:
-                check_signals(make_policy(m.policy), trace.signals() | SIM_SIGNALS | {"warmup_counts"})
-            except MoespacError as e:  # a signal the synthetic traces do not carry
-                skipped.setdefault(slug, str(e))
-                continue
-            sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=cfg.hardware, model_spec="trace",
-                            draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
-            rec = simulate(sim, trace=trace)
-            methods[slug] = {k: rec["metrics"][k] for k in ("tokens_per_s", "hit_rate", "host_share")}
-        rows.append(dict(benchmark=bench, params=dataclasses.asdict(params[bench]), filled=bench not in fitted,
-                         target=targets.get(bench, {}), measured=stats, sd_trace=sd.trace_id(), ar_trace=ar.trace_id(),
-                         methods=methods))
+        traces[bench] = tuple(pr.paper_regime_trace(spec, params[bench], shape, seed=seed, benchmark=bench, ar=ar)
+                              for ar in (False, True))
+    with tempfile.TemporaryDirectory() as tmp:
+        inferred, hosts = None, {"sourced": cfg.hardware}
+        if cfg.infer_host:
+            inferred = infer_host(cfg.hardware, {b: t[1] for b, t in traces.items()}, cfg.cache_ratio,
+                                  cfg.draft_spec, Path(tmp))
+            profile = inferred.pop("profile")
+            inferred["profile_yaml"] = profile_yaml(profile)
+            for key, bw in (("inferred", inferred["value"]), ("inferred_low", inferred["low"]),
+                            ("inferred_high", inferred["high"])):
+                path = Path(tmp) / f"{key}.yaml"
+                path.write_text(profile_yaml(with_host_bandwidth(profile, bw, profile.sources["host_mem_bandwidth"])))
+                hosts[key] = str(path)
+        for bench in progress(benches, len(benches)) if progress else benches:
+            sd, ar = traces[bench]
+            stats = pr.measured_statistics(sd)
+            methods = {key: {} for key in hosts}
+            for slug in cfg.methods:
+                m = get_method(slug)
+                trace = sd if m.draft else ar
+                try:
+                    check_signals(make_policy(m.policy), trace.signals() | SIM_SIGNALS | {"warmup_counts"})
+                except MoespacError as e:  # a signal the synthetic traces do not carry
+                    skipped.setdefault(slug, str(e))
+                    continue
+                for key, hardware in hosts.items():
+                    if key.startswith("inferred_") and slug not in BRACKETED:
+                        continue
+                    sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
+                                    draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
+                    rec = simulate(sim, trace=trace)
+                    methods[key][slug] = {k: rec["metrics"][k] for k in ("tokens_per_s", "hit_rate", "host_share")}
+            rows.append(dict(benchmark=bench, params=dataclasses.asdict(params[bench]), filled=bench not in fitted,
+                             target=targets.get(bench, {}), measured=stats, sd_trace=sd.trace_id(),
+                             ar_trace=ar.trace_id(), methods=methods.pop("sourced"),
+                             **{f"methods_{k}": v for k, v in methods.items()}))
     sd_note = (f"MoE-SpeQ and SP-MoE read a synthetic self-draft signal: each drafted token's top-k entry kept with "
                f"probability {pr.SELF_DRAFT_FIDELITY} (assumed: the fidelity MoE-SpeQ reports for its own INT4 "
                f"self-draft, not a statistic of this paper), else another expert")
     metrics = dict(rows=rows, skipped=skipped, smape_target=smape_target, smape_note=smape_note, fill_rule=fill_rule,
-                   self_draft_note=sd_note,
+                   self_draft_note=sd_note, inferred_host=inferred,
                    source=pr.SOURCE, reads=sorted(pr.ROUTING_QUANTITIES) + ["smape"])
     return make_record("paper-regime", "simulated", dataclasses.asdict(cfg), metrics)
 
 
-def gains(record: dict, method: str = "moespac", against: str = "llamacpp-sd") -> dict[str, dict]:
+def gains(record: dict, method: str = "moespac", against: str = "llamacpp-sd", key: str = "methods") -> dict[str, dict]:
     """Per benchmark: method / against - 1, method / best other - 1, and method / best lossless other - 1 (None
-    where either is missing), with the best methods' slugs."""
+    where either is missing), with the best methods' slugs; `key`: the rows' block ('methods' on the sourced
+    host, 'methods_inferred' on the inferred one)."""
     lossless = {slug: make_policy(get_method(slug).policy).lossless for slug in record["config"]["methods"]}
     out = {}
     for row in record["metrics"]["rows"]:
-        m = row["methods"]
+        m = row.get(key) or {}
         mine = m.get(method, {}).get("tokens_per_s")
         other = m.get(against, {}).get("tokens_per_s")
         rest = {k: v["tokens_per_s"] for k, v in m.items() if k not in (method, "oracle-sd")}

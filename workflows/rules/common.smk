@@ -672,6 +672,7 @@ def get_paper_regime_options(wildcards):
         f" --hardware {quote(SIM['hardware'])} --model-spec {quote(SIM['model_spec'])}"
         f" --draft-spec {quote(SIM['draft_spec'])} --cache-ratio {SIM['cache_ratio']} --gamma {SIM['gamma']}"
         f" --requests {PAPER_REGIME['requests']} --new-tokens {PAPER_REGIME['new_tokens']}"
+        + ("" if PAPER_REGIME.get("infer_host", True) else " --no-infer-host")
     )
 
 
