@@ -154,7 +154,7 @@ def test_gains_name_the_best_other_and_the_best_lossless_other():
 
 def test_the_host_fit_reads_only_the_papers_llamacpp_rows_and_gives_them_back(monkeypatch, tmp_path):
     """Every reference row but the paper's llama.cpp (no SD) rows is poisoned, MoE-SpAc's and HybriMoE's among
-    them: the fit is the same. Under the inferred host, llama.cpp on the fitted trace gives the paper's number
+    them: the fit is the same (and the a/b check, with only llama.cpp's two rows left, is the same too). Under the inferred host, llama.cpp on the fitted trace gives the paper's number
     back (bisection tolerance), and the profile is its own, marked inferred."""
     import moespac.reference as reference
     from moespac.sim import infer_host as ih
@@ -164,16 +164,24 @@ def test_the_host_fit_reads_only_the_papers_llamacpp_rows_and_gives_them_back(mo
     trace = pr.paper_regime_trace(spec, params, shape, seed=1, benchmark="gsm8k", ar=True)
     real = reference.read_reference
 
-    def poisoned(name):
-        rows = [dict(r) for r in real(name)]
-        for r in rows:
-            if r.get("method") not in ih.PAPER_ROWS and "tps" in r:
-                r["tps"] = "nan"
-        return rows
+    def poisoned(keep):
+        def read(name):
+            rows = [dict(r) for r in real(name)]
+            for r in rows:
+                if r.get("method") not in keep and "tps" in r:
+                    r["tps"] = "nan"
+            return rows
+        return read
 
     clean = ih.infer_host("rtx4090-pcie4", {"gsm8k": trace}, 0.25, "qwen3-4b-fp8", tmp_path)
-    monkeypatch.setattr(reference, "read_reference", poisoned)
+    ab = lambda: ih.ab_from_sd_gain(spec, {"gsm8k": params}, "rtx4090-pcie4", 0.25, "qwen3-4b-fp8", shape, steps=3)
+    ab_clean = ab()
+    monkeypatch.setattr(reference, "read_reference", poisoned(ih.PAPER_ROWS))
     assert ih.infer_host("rtx4090-pcie4", {"gsm8k": trace}, 0.25, "qwen3-4b-fp8", tmp_path)["value"] == clean["value"]
+    monkeypatch.setattr(reference, "read_reference", poisoned(ih.SD_ROWS))
+    assert ab() == ab_clean and ab_clean["gsm8k"]["paper_gain"] == pytest.approx(19.03 / 15.01)
+    with pytest.raises(MoespacError, match="'MoE-SpAc'"):
+        ih.paper_tps("MoE-SpAc")
     assert any(r["method"] == "MoE-SpAc" for r in real("table1_overall"))  # there, and unread
     monkeypatch.setattr(reference, "read_reference", real)
     path = tmp_path / "inferred.yaml"

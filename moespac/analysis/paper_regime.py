@@ -98,6 +98,21 @@ def render(record: dict) -> str:
                   f"fit ({host['low'] / 1e9:.1f}-{host['high'] / 1e9:.1f} GB/s). Only the host bandwidth is "
                   f"inferred; the profile (in the study's record, metrics.inferred_host.profile_yaml) keeps every "
                   f"other parameter of `{cfg['hardware']}`.", ""]
+        ab = host.get("ab_from_sd_gain") or {}
+        if ab:
+            lines += ["### Do the paper's own tables agree? a/b from llama.cpp's SD gain", "",
+                      "On the inferred host, the token spread at which llama.cpp's SD gain (Table 1: llama.cpp-w/ SD "
+                      "over llama.cpp) comes out as the paper's, and the a/b of that routing, beside App. A.1's "
+                      "(simulated; alpha A.1's; reads no other row):", "",
+                      "| benchmark | paper's SD gain | a/b it implies | a/b (A.1) | gains this host can give |",
+                      "|---|---|---|---|---|"]
+            for b, r in ab.items():
+                t = next((x["target"] for x in m["rows"] if x["benchmark"] == b), {})
+                implied = ("unreachable (a/b searched " + f"{r['ab_range'][0]:.2f}-{r['ab_range'][1]:.2f})"
+                           if r["a_over_b"] is None else f"{r['a_over_b']:.2f}")
+                lines.append(f"| {b} | {r['paper_gain']:.3f} | {implied} | {t.get('a_over_b', float('nan')):.2f} | "
+                             f"{r['reachable'][0]:.2f}-{r['reachable'][1]:.2f} |")
+            lines.append("")
     lines += ["One fitted routing and one seed per benchmark: a difference of a few percent is not called.", ""]
     for note in (m["fill_rule"], m["smape_note"], m.get("self_draft_note")):
         if note:

@@ -29,7 +29,7 @@ from moespac.policy import check_signals
 from moespac.record import make_record
 from moespac.registry import make_policy
 from moespac.sim import paper_regime as pr
-from moespac.sim.infer_host import infer_host, with_host_bandwidth
+from moespac.sim.infer_host import ab_from_sd_gain, infer_host, with_host_bandwidth
 from moespac.sim.profile import profile_yaml
 from moespac.sim.replay import SIM_SIGNALS
 from moespac.sim.simulate import SimConfig, simulate
@@ -106,6 +106,10 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
                 path = Path(tmp) / f"{key}.yaml"
                 path.write_text(profile_yaml(with_host_bandwidth(profile, bw, profile.sources["host_mem_bandwidth"])))
                 hosts[key] = str(path)
+            # do the paper's tables agree? the a/b llama.cpp's SD gain implies on that host, beside A.1's
+            inferred["ab_from_sd_gain"] = ab_from_sd_gain(spec, {b: params[b] for b in benches if b in fitted},
+                                                          hosts["inferred"], cfg.cache_ratio, cfg.draft_spec,
+                                                          pr.FIT_SHAPE, seed=cfg.seed)
         for bench in progress(benches, len(benches)) if progress else benches:
             sd, ar = traces[bench]
             stats = pr.measured_statistics(sd)

@@ -23,20 +23,30 @@ from moespac.sim.simulate import SimConfig, simulate
 from moespac.trace import Trace
 
 PAPER_ROWS = ("llama.cpp",)
-"""The paper's Table 1 rows the fit reads (its `method` column), and no other."""
+"""The paper's Table 1 rows the host fit reads (its `method` column), and no other."""
+SD_ROWS = ("llama.cpp", "llama.cpp-w/ SD")
+"""The rows the a/b check reads: llama.cpp's SD gain, never MoE-SpAc's or another method's numbers."""
 FIT_POLICY = "llamacpp"
 """The policy those rows are replayed through (the catalogue's Table 1 'llama.cpp' row)."""
 RANGE = (5e9, 1e12)
 """Host bandwidths searched, B/s: below a single DDR4 channel to above an 8-channel DDR5 server."""
 
 
-def paper_llamacpp_tps() -> dict[str, float]:
-    """{benchmark: tokens/s} of the paper's llama.cpp rows (Table 1), averages left out."""
+def paper_tps(method: str = "llama.cpp") -> dict[str, float]:
+    """{benchmark: tokens/s} of one of the rows this module may read (PAPER_ROWS, SD_ROWS), averages left out."""
     from moespac.datasets import get_benchmark
     from moespac.reference import read_reference
 
+    if method not in PAPER_ROWS + SD_ROWS:
+        raise MoespacError(f"the host inference reads only {', '.join(dict.fromkeys(PAPER_ROWS + SD_ROWS))}, "
+                           f"not {method!r}")
     return {get_benchmark(r["benchmark"]).name: float(r["tps"]) for r in read_reference("table1_overall")
-            if r["method"] in PAPER_ROWS and r["benchmark"].lower() != "average"}
+            if r["method"] == method and r["benchmark"].lower() != "average"}
+
+
+def paper_llamacpp_tps() -> dict[str, float]:
+    """{benchmark: tokens/s} of the paper's llama.cpp rows (Table 1), averages left out."""
+    return paper_tps(PAPER_ROWS[0])
 
 
 def with_host_bandwidth(profile: HardwareProfile, bandwidth: float, source: str, name: str | None = None):
@@ -45,8 +55,8 @@ def with_host_bandwidth(profile: HardwareProfile, bandwidth: float, source: str,
                                sources=dict(profile.sources, host_mem_bandwidth=source))
 
 
-def llamacpp_tps(profile_path: str, trace: Trace, cache_ratio: float, draft_spec: str) -> float:
-    cfg = SimConfig(trace=trace.trace_id(), policy=FIT_POLICY, hardware=profile_path, model_spec="trace",
+def llamacpp_tps(profile_path: str, trace: Trace, cache_ratio: float, draft_spec: str, policy: str = FIT_POLICY) -> float:
+    cfg = SimConfig(trace=trace.trace_id(), policy=policy, hardware=profile_path, model_spec="trace",
                     draft_spec=draft_spec, cache_ratio=cache_ratio, bounds=False, warmup_steps=0)
     return float(simulate(cfg, trace=trace)["metrics"]["tokens_per_s"])
 
@@ -97,3 +107,41 @@ def infer_host(base_name: str, ar_traces: dict[str, Trace], cache_ratio: float, 
     return dict(per_benchmark=per, value=mean, low=float(values.min()), high=float(values.max()),
                 base=base.name, base_value=base.host_mem_bandwidth, targets={b: targets[b] for b in ar_traces},
                 reads=list(PAPER_ROWS), profile=profile)
+
+
+def ab_from_sd_gain(spec, params: dict, profile_path: str, cache_ratio: float, draft_spec: str, shape, seed: int = 0,
+                    steps: int = 10) -> dict[str, dict]:
+    """Do the paper's tables agree with each other? Per benchmark with App. A.1 statistics (`params`: its fitted
+    RoutingParams, alpha already A.1's): the token spread at which llama.cpp's SD gain on this host equals the
+    paper's (llama.cpp-w/ SD over llama.cpp, Table 1), and the a/b that spread gives, beside A.1's. A gain no
+    spread reaches is said with the a/b range searched. Reads only SD_ROWS."""
+    from moespac.sim import paper_regime as pr
+
+    plain, sd = paper_tps(SD_ROWS[0]), paper_tps(SD_ROWS[1])
+    out = {}
+    for bench, p in params.items():
+        target = sd[bench] / plain[bench]
+
+        def gain(temperature: float) -> tuple[float, float]:
+            q = dataclasses.replace(p, temperature=temperature)
+            spec_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench)
+            ar_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench, ar=True)
+            g = (llamacpp_tps(profile_path, spec_trace, cache_ratio, draft_spec, "llamacpp-sd")
+                 / llamacpp_tps(profile_path, ar_trace, cache_ratio, draft_spec))
+            return g, pr.measured_statistics(spec_trace)["a_over_b"]
+
+        lo, hi = pr.T_RANGE
+        (g_lo, ab_lo), (g_hi, ab_hi) = gain(lo), gain(hi)  # the gain falls as the spread (a/b) grows
+        row = dict(paper_gain=target, reachable=(g_hi, g_lo), ab_range=(ab_lo, ab_hi))
+        if not g_hi <= target <= g_lo:
+            out[bench] = dict(row, a_over_b=None)
+            continue
+        for _ in range(steps):
+            mid = math.sqrt(lo * hi)
+            if gain(mid)[0] > target:
+                lo = mid
+            else:
+                hi = mid
+        g, ab = gain(math.sqrt(lo * hi))
+        out[bench] = dict(row, a_over_b=ab, gain=g)
+    return out
