@@ -65,6 +65,19 @@ TABLE2_LABELS = {"moespac": "MoE-SpAc (Full)"}
 _K_SWEEP = re.compile(r"^(?P<base>[a-z0-9-]+)-k(?P<K>[0-9]+)$")
 
 
+COINCIDENCES: dict[frozenset, str] = {
+    frozenset({"mixtral-offload", "moe-infinity"}):
+        "both fetch every miss on demand into a cache of the same size, with no prefetch (MoE-Infinity's released "
+        "decode path prefetches nothing); they differ only in which expert leaves (per-layer LRU vs global "
+        "in-cache LFU), and where routing is near-uniform those choices evict alike",
+    frozenset({"llamacpp-sd", "moespac-released"}):
+        "the released code is a llama.cpp fork whose fixed thresholds (K = 5, tau = 1) leave most activated "
+        "experts on the CPU, close to llama.cpp's static split with the same draft",
+}
+"""Pairs of Table 1 rows whose systems differ but whose mechanisms coincide on some workloads, and why: a table
+whose intervals cannot tell such a pair apart says so with this reason (moespac/analysis/tables.py)."""
+
+
 def get_method(slug: str) -> Method:
     """A catalogue method, or a K-sweep variant `<moespac method>-k<K>` (e.g. moespac-k6)."""
     if slug in METHODS:

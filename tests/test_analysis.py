@@ -557,3 +557,21 @@ def test_a_handicapped_sd_baseline_is_said_beside_the_claim(tmp_path):
     tables.table1(df, ["gsm8k"])[0].to_csv(tmp_path / "t1.csv", index=False)
     line = audit.our_comparison(tmp_path / "t1.csv")[0]
     assert "here llama.cpp-w/ SD is 25.0 % slower than llama.cpp without SD on the same traces (the paper: +16.0 %)" in line
+
+
+def test_table1_says_which_rows_its_intervals_cannot_tell_apart_and_why():
+    """Two systems whose intervals overlap on every benchmark get a note: the catalogue's mechanism where it has
+    one (Mixtral-Offloading and MoE-Infinity's released on-demand path), else a flag; separated rows get none."""
+    from moespac.analysis.records import record_row
+    from records import simulated_record
+
+    cells = [("mixtral-offload", "mixtral-offloading", 10.0), ("moe-infinity", "moe-infinity", 10.1),
+             ("lru", "lru", 10.05), ("hybrimoe", "hybrimoe", 60.0)]  # n = 2: wide intervals
+    records = [simulated_record(method=m, policy=p, tps=t, benchmark=b) for m, p, t in cells for b in ("gsm8k", "qa")]
+    df = pd.DataFrame([record_row(f"r{i}.json", r) for i, r in enumerate(records)]).reindex(columns=COLUMNS)
+    _, blocks = tables.table1(df, ["gsm8k", "qa"])
+    notes = [n for n in blocks[0].notes if "not told apart" in n]
+    assert any(n.startswith("Mixtral Offload and MoE-Infinity") and "per-layer LRU" in n for n in notes)
+    assert any("LRU (reference)" in n and "no mechanism in the catalogue" in n for n in notes)
+    assert not any("HybriMoE" in n for n in notes)
+    assert not any("not told apart" in n for n in blocks[1].notes)  # the latency block does not repeat them

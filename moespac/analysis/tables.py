@@ -7,6 +7,8 @@ timing label (and hardware / model), because numbers obtained differently are ne
 
 from __future__ import annotations
 
+import itertools
+
 import json
 from pathlib import Path
 
@@ -176,7 +178,7 @@ def table1(rows: pd.DataFrame, benchmarks: list[str] | None = None):
                                 [_pct(o, key.timing, None) for o in imp])
             blocks.append(Block(f"{unit}, {block_title(key.timing, key.hardware, key.model, part)}",
                                 ["Method"] + [display(b, part) for b in cols] + ["Average"], body,
-                                notes=_notes(part)))
+                                notes=_notes(part) + (_not_told_apart(part) if metric == "tps" else [])))
     return pd.concat(long, ignore_index=True), blocks
 
 
@@ -192,6 +194,27 @@ def _pct(x, timing, paper_x) -> str:
 
 def _skipped(part: pd.DataFrame) -> pd.Series:
     return part["skipped"].fillna(False).astype(bool)
+
+
+def _not_told_apart(part: pd.DataFrame) -> list[str]:
+    """Rows of different methods whose TPS intervals overlap on every benchmark of the block (at least two): a
+    reader cannot tell them apart here. The reason, where the catalogue knows one (COINCIDENCES), else a flag."""
+    from moespac.analysis.intervals import separate
+    from moespac.catalogue import COINCIDENCES
+
+    spans = {}
+    for r in part.itertuples():
+        if pd.notna(r.tps_lo) and pd.notna(r.tps_hi):
+            spans.setdefault((r.label, r.method), {})[r.benchmark] = (r.tps_lo, r.tps_hi)
+    notes = []
+    for (la, ma), (lb, mb) in itertools.combinations(spans, 2):
+        shared = set(spans[la, ma]) & set(spans[lb, mb])
+        if len(shared) < 2 or ma == mb or any(separate(spans[la, ma][b], spans[lb, mb][b]) for b in shared):
+            continue
+        why = COINCIDENCES.get(frozenset({ma, mb}))
+        notes.append(f"{la} and {lb}: intervals overlap on all {len(shared)} benchmarks, not told apart here ("
+                     + (why if why else "no mechanism in the catalogue explains it: look at both rows") + ")")
+    return notes
 
 
 def _notes(part: pd.DataFrame) -> list[str]:
