@@ -572,6 +572,6 @@ def test_table1_says_which_rows_its_intervals_cannot_tell_apart_and_why():
     _, blocks = tables.table1(df, ["gsm8k", "qa"])
     notes = [n for n in blocks[0].notes if "not told apart" in n]
     assert any(n.startswith("Mixtral Offload and MoE-Infinity") and "per-layer LRU" in n for n in notes)
-    assert any("LRU (reference)" in n and "no mechanism in the catalogue" in n for n in notes)
+    assert any("LRU (reference)" in n and "cells of 2 requests" in n for n in notes)  # no shared mechanism known
     assert not any("HybriMoE" in n for n in notes)
     assert not any("not told apart" in n for n in blocks[1].notes)  # the latency block does not repeat them

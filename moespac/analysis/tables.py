@@ -202,18 +202,21 @@ def _not_told_apart(part: pd.DataFrame) -> list[str]:
     from moespac.analysis.intervals import separate
     from moespac.catalogue import COINCIDENCES
 
-    spans = {}
+    spans, fewest = {}, {}
     for r in part.itertuples():
         if pd.notna(r.tps_lo) and pd.notna(r.tps_hi):
             spans.setdefault((r.label, r.method), {})[r.benchmark] = (r.tps_lo, r.tps_hi)
+            fewest[r.label, r.method] = min(fewest.get((r.label, r.method), r.requests), r.requests)
     notes = []
     for (la, ma), (lb, mb) in itertools.combinations(spans, 2):
         shared = set(spans[la, ma]) & set(spans[lb, mb])
         if len(shared) < 2 or ma == mb or any(separate(spans[la, ma][b], spans[lb, mb][b]) for b in shared):
             continue
         why = COINCIDENCES.get(frozenset({ma, mb}))
+        if why is None and min(fewest[la, ma], fewest[lb, mb]) <= 2:
+            why = "cells of 2 requests: intervals this wide separate only large differences"
         notes.append(f"{la} and {lb}: intervals overlap on all {len(shared)} benchmarks, not told apart here ("
-                     + (why if why else "no mechanism in the catalogue explains it: look at both rows") + ")")
+                     + (why or "the catalogue names no mechanism they share: look at both rows") + ")")
     return notes
 
 
