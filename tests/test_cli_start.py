@@ -17,7 +17,7 @@ def test_the_workflow_schema_knows_every_micro_architecture():
 
     from moespac.models.micro import ARCHS
 
-    schema = yaml.safe_load((Path(__file__).parent.parent / "workflows/schemas/config.schema.yaml").read_text())
+    schema = yaml.safe_load((Path(__file__).parent.parent / "workflow/schemas/config.schema.yaml").read_text())
     found = []
 
     def walk(node):

@@ -283,6 +283,6 @@ def test_schema_accepts_generate_and_simulate_records(micro_dir, tmp_path):
 
 
 def test_workflow_schema_points_at_the_packaged_schema():
-    pointer = ROOT / "workflows" / "schemas" / "result.schema.json"
+    pointer = ROOT / "workflow" / "schemas" / "result.schema.json"
     ref = json.loads(pointer.read_text())["$ref"]
     assert (pointer.parent / ref).resolve() == SCHEMA_PATH.resolve()

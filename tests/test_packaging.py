@@ -1,7 +1,7 @@
 """Packaging: pyproject's bounds say what CI tests, the rules' conda environment installs this package, the
 Snakemake workflow catalog's settings parse and name files that exist, and a copy deployed the way
 `snakedeploy deploy-workflow` deploys it (a module of workflow/Snakefile fetched from a GitHub tag, plus the
-repository's config/ and profiles/) dry-runs the same jobs as the root Snakefile."""
+repository's config/ and profiles/) dry-runs the same jobs as workflow/Snakefile in a clone."""
 
 import json
 import os
@@ -20,7 +20,7 @@ from packaging.version import Version
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 CATALOG = REPO / ".snakemake-workflow-catalog.yml"
-ENV_FILE = REPO / "workflows" / "envs" / "moespac.yaml"
+ENV_FILE = REPO / "workflow" / "envs" / "moespac.yaml"
 OWNER_REPO = "someowner/moespac"  # the GitHub repository the deployed copy names (served from a local clone)
 TAG = "v0-test"
 
@@ -155,9 +155,13 @@ def test_catalog_settings_parse_and_name_files_that_exist():
         assert not rules.is_dir() or any(rules.glob("*.smk"))
 
 
-@pytest.mark.parametrize("deployed, source", [("config.yaml", "default.yaml"), ("paper.yaml", "paper.yaml")])
-def test_deployed_configs_are_the_workflow_configs(deployed, source):
-    assert (REPO / "config" / deployed).read_bytes() == (REPO / "workflows" / "config" / source).read_bytes()
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
+def test_the_workflow_reads_the_config_folder_a_deployment_gets(name):
+    """One standard layout: config/ holds real files (what snakedeploy copies) and workflow/Snakefile embeds
+    config/config.yaml; no second workflow folder."""
+    assert (REPO / "config" / name).is_file() and not (REPO / "config" / name).is_symlink()
+    assert 'configfile: f"{workflow.current_basedir}/../config/config.yaml"' in (REPO / "workflow" / "Snakefile").read_text()
+    assert not (REPO / "workflows").exists() and not (REPO / "Snakefile").exists()
 
 
 # ---- a deployed copy
@@ -235,10 +239,10 @@ def test_a_deployed_copy_dry_runs_the_same_jobs_as_the_root_snakefile(github, tm
     plain.mkdir()
     deploy_by_hand(deployed)
     counts = dry_run(deployed, github, *(["--configfile", "config/paper.yaml"] if paper else []))
-    root = dry_run(plain, github, "-s", REPO / "Snakefile",
-                   *(["--configfile", REPO / "workflows/config/paper.yaml"] if paper else []))
-    # the deployment's default target is workflow/Snakefile's all_deployed: everything the root's `all` asks for
-    assert counts.pop("all_deployed") == 1 and root.pop("all") == 1
+    root = dry_run(plain, github, "-s", REPO / "workflow" / "Snakefile",
+                   *(["--configfile", REPO / "config/paper.yaml"] if paper else []))
+    # the deployment's default target is the module's `all`, the same as a clone's
+    assert counts.pop("all") == 1 and root.pop("all") == 1
     assert counts == root and counts["simulate_cell"] > 100
 
 
@@ -256,4 +260,4 @@ def test_snakedeploy_deploys_workflow_snakefile_and_the_config_folder(github, tm
         assert (dest / "config" / name).read_bytes() == (REPO / "config" / name).read_bytes()
     assert (dest / "profiles" / "default" / "profile.yaml").is_file()
     counts = dry_run(dest, github)
-    assert counts["all_deployed"] == 1 and counts["simulate_cell"] > 100
+    assert counts["all"] == 1 and counts["simulate_cell"] > 100

@@ -16,7 +16,7 @@ from moespac.sim.synthetic import synthetic_trace
 from moespac.sim.workload import make_workload
 from moespac.workflow_checks import pair_routing
 
-CONFIG = Path(__file__).resolve().parents[1] / "workflows" / "config" / "default.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "config" / "config.yaml"
 
 
 def test_every_table3_model_of_the_default_study_replays_a_trace_of_its_experts_and_top_k():

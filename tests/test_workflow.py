@@ -26,7 +26,7 @@ BIN = Path(sys.executable).parent
 def snakemake(*args, cwd=REPO, timeout=900, env=None):
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg", **(env or {}))
-    return subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), *map(str, args)], cwd=cwd,
+    return subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "workflow" / "Snakefile"), *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -42,7 +42,7 @@ def job_counts(out: str) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize("configfile", [None, "workflows/config/paper.yaml"])
+@pytest.mark.parametrize("configfile", [None, "config/paper.yaml"])
 def test_dry_run_of_the_shipped_configs(configfile, tmp_path):
     args = ["-n", "--quiet", "rules"] + (["--configfile", REPO / configfile] if configfile else [])
     r = snakemake(*args, cwd=tmp_path)
@@ -134,7 +134,7 @@ def interrupt_once_a_record_exists(tmp_path, timeout=300):
     result record lands, and wait for Snakemake to stop. Returns its exit code."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
-    proc = subprocess.Popen([str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--cores", "2", "--configfile",
+    proc = subprocess.Popen([str(BIN / "snakemake"), "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "2", "--configfile",
                              str(TINY)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + timeout

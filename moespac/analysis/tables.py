@@ -322,7 +322,7 @@ def table3(rows: pd.DataFrame):
         notes = [f"numbers from: {s}" for s in sources[:3]] + _notes(part)
         if timing == "simulated":
             notes.append("the paper drafted these models with unnamed \"quantized variants\"; the draft charged "
-                         "above stands in for them (workflows/config: table3.models[].draft_spec)")
+                         "above stands in for them (config: table3.models[].draft_spec)")
         beside = f" — (paper N) = {paper.TABLE3_SETUP}, not this trace: compare directions, not values" \
             if part["paper_tps"].notna().any() else ""
         blocks.append(Block(f"TPS, {timing}{beside}", ["Hardware", "Model", "Method"] + [display(b, part) for b in cols],
