@@ -214,6 +214,20 @@ def test_a_lossy_row_is_marked_and_moespac_is_also_compared_with_the_best_lossle
     assert best.startswith("-75.0%") and exact.startswith("+25.0%")
 
 
+def test_audit_also_sets_moespac_against_the_best_lossless_baseline_when_the_best_is_lossy(tmp_path):
+    df = rows(("simulated", "moespac", "gsm8k", 20.0, 1.0), ("simulated", "fate", "gsm8k", 60.0, 1.0),
+              ("simulated", "hybrimoe", "gsm8k", 25.0, 1.0))
+    df["lossy"] = df["method"] == "fate"
+    tables.table1(df, ["gsm8k"])[0].to_csv(tmp_path / "t1.csv", index=False)
+    lines = audit.our_comparison(tmp_path / "t1.csv")
+    assert any("the best baseline here, Fate (60.00 TPS)" in line for line in lines)
+    assert any("the best baseline here is lossy (Fate); against the best lossless one, HybriMoE (25.00 TPS), "
+               "MoE-SpAc is -20.0 % on the averages" in line for line in lines)
+    df["lossy"] = False  # nothing lossy: no such line
+    tables.table1(df, ["gsm8k"])[0].to_csv(tmp_path / "t1.csv", index=False)
+    assert not any("lossless" in line for line in audit.our_comparison(tmp_path / "t1.csv"))
+
+
 def test_a_stand_in_row_is_marked_and_says_what_stands_in_under_the_table():
     """A row whose policy documents a stand-in (Policy.stand_in, as `moespac policy list` shows it) carries a †
     and its text under the table; a policy that is its system's rule (LRU here) does not."""
