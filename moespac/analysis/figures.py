@@ -329,8 +329,13 @@ def fig10_utility(groups: dict):
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7)
     ax.set_title("(a) device shares vs tau", fontsize=9)
-    sns.barplot(data=freq, x="utility", y="frequency", ax=axes[1], color=sns.color_palette()[0], errorbar="sd")
-    axes[1].set_title("(b) next-step activation frequency per utility level", fontsize=9)
+    # a count cannot go below 0: the bars span the 10th to 90th percentile, not mean +- sd
+    sns.barplot(data=freq, x="utility", y="frequency", ax=axes[1], color=sns.color_palette()[0],
+                errorbar=("pi", 80))
+    axes[1].set_ylim(bottom=0)
+    axes[1].set_ylabel("count per expert")
+    axes[1].set_title("(b) routing entries in the next step, per utility level\n(bar: mean; line: 10th-90th percentile)",
+                      fontsize=8)
     fig.suptitle(f"Figure 10: utility and threshold on a measured trace ({_trace_label(t)}, {_model(t)})", fontsize=9)
     return fig
 
