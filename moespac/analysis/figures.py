@@ -203,8 +203,23 @@ def fig7_draft_vs_cache(groups: dict):
     draft = appendix_value("draft_memory_overhead_fraction")
     if not rows.empty:
         style.footnote(fig, f"Numbers: {_where(rows)}. The paper's draft (Qwen3-4B-FP8) takes about {draft:.0%} of all "
-                       "expert weights' memory: compare the SD curve at ratio r with the AR curve at r + that share.")
+                       "expert weights' memory: compare the SD curve at ratio r with the AR curve at r + that share."
+                       + _which_curve_leads(rows))
     return fig
+
+
+def _which_curve_leads(rows) -> str:
+    """One sentence on which decoding is faster at each cache ratio, so the caption says what the plot shows."""
+    by = rows.groupby(["cache_pct", "decoding"])["tps"].mean().unstack()
+    if by.shape[1] != 2 or by.isna().any().any():
+        return ""
+    sd, ar = by["with draft (SD)"], by["without draft (AR)"]
+    if (ar > sd).all():
+        return " Here AR is faster than SD at every cache ratio: on these traces the draft does not pay for itself."
+    if (sd > ar).all():
+        return " Here SD is faster than AR at every cache ratio."
+    return (" SD is faster at " + ", ".join(f"{r:g} %" for r in by.index[sd > ar]) + " and AR at "
+            + ", ".join(f"{r:g} %" for r in by.index[ar >= sd]) + ".")
 
 
 # ---- Figure 8: expert cost ratio a/b vs gamma ---------------------------------------------------------

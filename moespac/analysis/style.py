@@ -53,7 +53,11 @@ def placeholder(ax, message: str) -> None:
 
 
 def footnote(fig, text: str) -> None:
-    fig.text(0.01, -0.02, text, fontsize=7, color="0.3", ha="left", va="top", wrap=True)
+    """A note under the figure, wrapped to its width (matplotlib's own wrap clips at a tight bounding box)."""
+    import textwrap
+
+    width = max(40, int(fig.get_figwidth() * 72 / (0.55 * 7)))  # characters of 7 pt type across the figure
+    fig.text(0.01, -0.02, textwrap.fill(text, width), fontsize=7, color="0.3", ha="left", va="top")
 
 
 def paper_label(what: str, setup: str = PAPER_SETUP) -> str:
