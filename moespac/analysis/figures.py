@@ -241,10 +241,12 @@ def fig8_expert_reuse(groups: dict):
     ax.plot(by["gamma"], [omega(int(g), a) for g, a in zip(by["gamma"], by["alpha"])], "x:",
             label="Omega(gamma, alpha) from the measured alpha")
     ax.set_xlabel("draft length gamma")
-    ax.set_title("SD pays off where a/b < Omega", fontsize=9)
+    ax.set_ylabel("experts per verify step / top-k (or tokens)")
+    ax.set_title("(a) per step: SD pays off where a/b < Omega", fontsize=9)
     ax.legend(fontsize=6)
     ax = axes[1]
     ax.plot(by["gamma"], by["per_token"], "o-", label="ours: distinct / (tokens x top-k)")
+    ax.set_title("(b) per token: a/b / (gamma + 1), App. A.1's ratio", fontsize=9)
     benches = ("CNN/DM", "MT-Bench", "GSM8K", "HumanEval")
     paper_vals = [appendix_value("expert_cost_ratio_a_over_b", c) for c in benches]
     ax.scatter([8] * len(paper_vals), paper_vals, marker="D", color=style.PAPER_COLOR,
@@ -254,8 +256,10 @@ def fig8_expert_reuse(groups: dict):
                     color=style.PAPER_COLOR)
     ax.set_xlabel("draft length gamma")
     ax.set_ylabel("a/b per token")
-    ax.legend(fontsize=6)
-    fig.suptitle("Figure 8: expert cost ratio a/b over the draft length", fontsize=10)
+    ax.set_ylim(0, 1.05)  # a share of the step's routing entries
+    ax.legend(fontsize=6, loc="lower left")
+    fig.suptitle("Figure 8: expert cost ratio over the draft length (a/b per step in (a), per token in (b))",
+                 fontsize=10)
     style.footnote(fig, f"From the MoE-SpAc cells of Table 4 at batch 1: {_where(rows)}; "
                    f"{'; '.join(sorted(set(rows['source'])))[:160]}.")
     return fig
