@@ -159,14 +159,16 @@ def fig5_sensitivity(groups: dict):
         K["label"] = "MoE-SpAc"
     _lines(axes[2], K, "K", "utility bound K")
     if not K.empty:
-        axes[2].axvline(4, **style.PAPER_STYLE, label=style.paper_label("its K = 4"))
-        axes[2].legend(fontsize=7)
+        axes[2].axvline(4, **style.PAPER_STYLE, label="paper: its K = 4 (its setup: footnote)")
+        axes[2].legend(fontsize=7, loc="lower right")
     for ax, name in zip(axes, ("expert cache ratio", "generation length", "utility bound K")):
         ax.set_title(name, fontsize=9)
     fig.suptitle("Figure 5: sensitivity of MoE-SpAc", fontsize=10)
     parts = [p for p in (cache, length, K) if not p.empty]
     style.footnote(fig, (f"Numbers: {_where(pd.concat(parts))}. " if parts else "") + "The paper sweeps generation "
-                   "length 512-4096 on Qwen3-30B-A3B; the lengths here are those the configured traces recorded.")
+                   "length 512-4096 on Qwen3-30B-A3B; the lengths here are those the configured traces recorded. "
+                   f"The paper's K = 4 is its own run's ({style.PAPER_SETUP}). The cache panel has no llama.cpp row: "
+                   "the cache-ratio sweep runs MoE-SpAc, HybriMoE and llama.cpp-w/ SD (config sweeps.cache_ratio).")
     return fig
 
 

@@ -56,7 +56,7 @@ def footnote(fig, text: str) -> None:
     """A note under the figure, wrapped to its width (matplotlib's own wrap clips at a tight bounding box)."""
     import textwrap
 
-    width = max(40, int(fig.get_figwidth() * 72 / (0.55 * 7)))  # characters of 7 pt type across the figure
+    width = max(40, int(fig.get_figwidth() * 72 / (0.6 * 7)))  # characters of 7 pt type across the figure
     fig.text(0.01, -0.02, textwrap.fill(text, width), fontsize=7, color="0.3", ha="left", va="top")
 
 
