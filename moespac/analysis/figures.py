@@ -286,17 +286,22 @@ def fig9_heatmaps(groups: dict):
 
     layer = int((groups.get("layer") or ["0"])[0])
     fig, axes = style.figure(ncols=2, width=5.0, height=4.0)
-    for ax, name, title in zip(axes, ("sd", "ar"), ("speculative decoding (per verify step)", "autoregressive (per token)")):
+    panels = (("sd", "speculative decoding", "verify step (gamma + 1 tokens each)", "routing entries in the step"),
+              ("ar", "autoregressive", "token (one step each)", "routed (1) or not (0)"))
+    for ax, (name, title, xlabel, scale) in zip(axes, panels):
         files = groups.get(name, [])
         if not files:
             style.placeholder(ax, f"no {name.upper()} trace given")
             continue
         counts, what = _layer_counts(files[0], layer)
-        sns.heatmap(counts, ax=ax, cmap="rocket", cbar_kws=dict(label="activations in the step"))
-        ax.set_xlabel("step")
+        sns.heatmap(counts, ax=ax, cmap="rocket", cbar_kws=dict(label=scale))
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("expert")
-        ax.set_title(f"{title}\nlayer {layer}; {what}", fontsize=8)
+        ax.set_title(f"{title}, colour 0-{int(counts.max())}\nlayer {layer}; {what}", fontsize=8)
     fig.suptitle("Figure 9: activation frequency across iterations (measured traces)", fontsize=10)
+    style.footnote(fig, "The panels differ in time base and colour scale: a verify step routes gamma + 1 tokens, so "
+                   "an expert can count up to gamma + 1 in it; an autoregressive step routes one token, 0 or 1. "
+                   "Compare patterns (persistence along a row), not colours.")
     return fig
 
 
