@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import pandas as pd
 
 from moespac.experiments.whatif import ratio_to_best_other
@@ -48,21 +50,29 @@ def plot_locality(record: dict, prefix) -> list:
 
     cfg, m = record["config"], record["metrics"]
     fig, (ax,) = figure(width=5.6, height=3.8)
+    recorded = [r for r in m["rows"] if r["recorded"]]
     for slug in cfg["methods"]:
         pts = [(r["distinct"], r["methods"][slug]["tokens_per_s"]) for r in m["rows"]
                if not r["recorded"] and slug in r["methods"]]
         if not pts:
             continue
         line, = ax.plot(*zip(*pts), marker="o", label=get_method(slug).label)
-        for r in m["rows"]:
-            if r["recorded"] and slug in r["methods"]:
-                ax.scatter([r["distinct"]], [r["methods"][slug]["tokens_per_s"]], marker="*", s=130,
-                           color=line.get_color(), zorder=3)
+        for r in recorded:  # the recorded traces sit together: one star per method, on the right of the column
+            if slug in r["methods"]:
+                ax.scatter([r["distinct"]], [r["methods"][slug]["tokens_per_s"]], marker="*", s=110,
+                           color=line.get_color(), edgecolor="white", linewidth=0.6, zorder=3)
     ax.axvline(m["uniform_distinct"], color="0.5", linestyle=":", linewidth=1)
-    ax.set_xlabel(f"distinct experts per layer in a {cfg['gamma'] + 1}-token step "
-                  f"(uniform routing: {m['uniform_distinct']:.0f})")
+    ax.annotate(f"uniform routing ({m['uniform_distinct']:.1f})", (m["uniform_distinct"], 0.42),
+                xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points", ha="right",
+                fontsize=7, color="0.4", rotation=90)
+    if recorded:
+        x = float(np.mean([r["distinct"] for r in recorded]))
+        ax.annotate("recorded proxy traces (stars)", (x, 0.97), xycoords=("data", "axes fraction"), ha="center",
+                    va="top", fontsize=7, color="0.3")
+    ax.set_xlabel(f"distinct experts per layer in a {cfg['gamma'] + 1}-token step")
     style.rate_axis(ax, "tokens/s (simulated)")
-    ax.set_title(f"{cfg['model_spec']} on {cfg['hardware']}, cache {cfg['cache_ratio']:g}; "
-                 f"lines: synthetic, stars: recorded", fontsize=9)
+    ax.set_title("What-if: tokens/s as routing locality falls (synthetic lines; recorded stars)", fontsize=9)
+    style.footnote(fig, f"Simulated: {cfg['model_spec']} experts on {cfg['hardware']}, cache ratio "
+                   f"{cfg['cache_ratio']:g}; more distinct experts per step = less locality.")
     ax.legend(fontsize=7, ncol=2)
     return save(fig, prefix)
