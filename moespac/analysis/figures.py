@@ -111,38 +111,57 @@ def recency_per_step(counts: np.ndarray) -> np.ndarray:
 
 @_saved
 def fig4_hot_cold(groups: dict):
-    fig, (ax,) = style.figure(width=6.0, height=5.0)
-    series = []
+    panels = ("MoE-SpAc with SD (per verify step)", "MoE-SpAc w/o SD (per token, window "
+              f"{MoESpAcConfig().ar_window})", "AR previous-token predictor (per token)")
+    fig, axes = style.figure(ncols=3, width=3.4, height=3.4)
+    series = {p: [] for p in panels}  # panel -> [(benchmark, per-step accuracy)]
+    alphas = {}
     for path in groups.get("sd", []):
         t = load_trace(path)
-        acc = hot_cold_accuracy(t)
-        a = _alpha(t)
-        series.append((f"MoE-SpAc, SD step level: {_trace_label(t)} (alpha {a:.2f})" if a is not None
-                       else f"MoE-SpAc SD: {_trace_label(t)}", acc["per_step"], "-"))
+        series[panels[0]].append((_trace_label(t), hot_cold_accuracy(t)["per_step"]))
+        alphas[_trace_label(t)] = _alpha(t)
     for path in groups.get("ar", []):
         t = load_trace(path)
         counts = step_counts(t)[0]
         if len(counts):
-            series.append((f"AR, previous-token predictor: {_trace_label(t)}", recency_per_step(counts), ":"))
-            ar = hot_cold_accuracy(counts, MoESpAcConfig(ablation="no-sd"))
-            series.append((f"MoE-SpAc w/o SD (window {MoESpAcConfig().ar_window}): {_trace_label(t)}",
-                           ar["per_step"], "--"))
-    if not series:
-        style.placeholder(ax, "no traces given")
-    for label, y, ls in series:
-        ax.plot(np.arange(1, len(y) + 1), y, ls, label=f"{label}, mean {np.mean(y):.3f}", linewidth=1.2)
+            series[panels[1]].append((_trace_label(t),
+                                      hot_cold_accuracy(counts, MoESpAcConfig(ablation="no-sd"))["per_step"]))
+            series[panels[2]].append((_trace_label(t), recency_per_step(counts)))
+    names = sorted({b for ss in series.values() for b, _ in ss})
+    colour = dict(zip(names, style.palette(len(names))))
     paper = appendix_value("hot_cold_accuracy")
-    if paper is not None and series:
-        ax.axhline(paper, **style.PAPER_STYLE, label=style.paper_label(f"~{paper}"))
-    ax.set_xlabel("decode step")
-    ax.set_ylabel("hot/cold accuracy (tau = 1)")
-    ax.set_ylim(0, 1.02)
+    window = 20  # steps: a rolling mean, so that benchmarks can be told apart at all
+    lows = []
+    for ax, panel in zip(axes, panels):
+        if not series[panel]:
+            style.placeholder(ax, "no traces given")
+            continue
+        for bench, y in series[panel]:
+            y = pd.Series(np.asarray(y, dtype=float))
+            smooth = y.rolling(window, min_periods=1).mean()
+            ax.plot(np.arange(1, len(y) + 1), smooth, color=colour[bench], linewidth=1.2,
+                    label=f"{bench} (mean {y.mean():.3f})")
+            lows.append(float(smooth.min()))
+        if paper is not None:
+            ax.axhline(paper, **style.PAPER_STYLE, label=f"paper ~{paper}")
+        ax.set_title(panel, fontsize=8)
+        ax.set_xlabel("verify step" if panel == panels[0] else "token")
+        ax.legend(fontsize=6, loc="lower right")
+    bottom = max(0.0, np.floor(10 * min(lows)) / 10 - 0.1) if lows else 0.0
+    for ax in axes:
+        ax.set_ylim(bottom, 1.0)
+    axes[0].set_ylabel("hot/cold accuracy (tau = 1)")
     models = sorted({_model(load_trace(p)) for g in ("sd", "ar") for p in groups.get(g, [])})
-    ax.set_title("Figure 4: online hot/cold prediction (measured traces)", fontsize=10)
-    if series:  # below the axes: the curves span every step and most of the range, no corner is free
-        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    fig.suptitle("Figure 4: online hot/cold prediction (measured traces)", fontsize=10)
+    drafts = ", ".join(f"{b} {a:.2f}" for b, a in alphas.items() if a is not None)
     style.footnote(fig, f"Traces recorded by the real engine on {', '.join(models) or '?'}; accuracy per step averaged "
-                   "over layers. Drafts differ in quality across benchmarks (their acceptance alpha).")
+                   f"over layers, drawn as a {window}-step rolling mean (the legend gives the plain mean); the y axis "
+                   f"starts at {bottom:.1f}. The time bases differ: a verify step holds gamma + 1 tokens. With 8 of "
+                   f"128 experts routed per token, calling every expert 'cold' is already right for about 94 % of a "
+                   f"token's experts (of a verify step's, 1 - distinct / 128), so accuracy flatters every predictor "
+                   f"(balanced accuracy is not computed yet). The proxies' own "
+                   f"acceptance alpha: {drafts or '-'} (the paper's App. A.1 alphas are for its models). Paper: "
+                   f"{style.PAPER_SETUP}.")
     return fig
 
 

@@ -52,6 +52,13 @@ def placeholder(ax, message: str) -> None:
             bbox=dict(boxstyle="round", facecolor="0.95", edgecolor="0.6"))
 
 
+def palette(n: int) -> list:
+    """n colours of the figures' palette (ours; the paper's numbers are PAPER_COLOR)."""
+    import seaborn as sns
+
+    return sns.color_palette(n_colors=max(n, 1))
+
+
 def footnote(fig, text: str) -> None:
     """A note under the figure, wrapped to its width (matplotlib's own wrap clips at a tight bounding box)."""
     import textwrap
