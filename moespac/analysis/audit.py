@@ -216,7 +216,7 @@ def our_comparison(table1_csv) -> list[str]:
                          f"{called(directions(block, OURS, best))}" + ("" if gain > 0 else
                                                     f"; faster than MoE-SpAc on the averages: {', '.join(others[others > avg[OURS]].index)}"))
             lines.append(f"{where}: {_separated(block, best)}")
-            lossy = set(block["label"][block["lossy"].fillna(False).astype(bool)]) if "lossy" in block else set()
+            lossy = set(block["label"][block["lossy"].astype("boolean").fillna(False)]) if "lossy" in block else set()
             exact = others[[label not in lossy for label in others.index]]
             if best in lossy and len(exact):  # MoE-SpAc is lossless: where it stands among the rows that are too
                 top = exact.idxmax()

@@ -131,7 +131,7 @@ def fig4_hot_cold(groups: dict):
     colour = dict(zip(names, style.palette(len(names))))
     paper = appendix_value("hot_cold_accuracy")
     window = 20  # steps: a rolling mean, so that benchmarks can be told apart at all
-    lows = []
+    lows, means = [], []
     for ax, panel in zip(axes, panels):
         if not series[panel]:
             style.placeholder(ax, "no traces given")
@@ -139,14 +139,17 @@ def fig4_hot_cold(groups: dict):
         for bench, y in series[panel]:
             y = pd.Series(np.asarray(y, dtype=float))
             smooth = y.rolling(window, min_periods=1).mean()
-            ax.plot(np.arange(1, len(y) + 1), smooth, color=colour[bench], linewidth=1.2,
-                    label=f"{bench} (mean {y.mean():.3f})")
+            ax.plot(np.arange(1, len(y) + 1), smooth, color=colour[bench], linewidth=1.2, label=bench)
             lows.append(float(smooth.min()))
+        means.append(f"{panel.split(' (')[0]}: " + ", ".join(f"{b} {np.mean(y):.3f}" for b, y in series[panel]))
         if paper is not None:
             ax.axhline(paper, **style.PAPER_STYLE, label=f"paper ~{paper}")
         ax.set_title(panel, fontsize=8)
         ax.set_xlabel("verify step" if panel == panels[0] else "token")
-        ax.legend(fontsize=6, loc="lower right")
+    handles, labels = next(((ax.get_legend_handles_labels()) for ax in axes if ax.get_lines()), ([], []))
+    if handles:  # one legend for the three panels, below them: every panel's curves span its whole width
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 4),
+                   fontsize=7, frameon=False)
     bottom = max(0.0, np.floor(10 * min(lows)) / 10 - 0.1) if lows else 0.0
     for ax in axes:
         ax.set_ylim(bottom, 1.0)
@@ -155,13 +158,13 @@ def fig4_hot_cold(groups: dict):
     fig.suptitle("Figure 4: online hot/cold prediction (measured traces)", fontsize=10)
     drafts = ", ".join(f"{b} {a:.2f}" for b, a in alphas.items() if a is not None)
     style.footnote(fig, f"Traces recorded by the real engine on {', '.join(models) or '?'}; accuracy per step averaged "
-                   f"over layers, drawn as a {window}-step rolling mean (the legend gives the plain mean); the y axis "
+                   f"over layers, drawn as a {window}-step rolling mean; plain means: {'; '.join(means)}. The y axis "
                    f"starts at {bottom:.1f}. The time bases differ: a verify step holds gamma + 1 tokens. With 8 of "
                    f"128 experts routed per token, calling every expert 'cold' is already right for about 94 % of a "
                    f"token's experts (of a verify step's, 1 - distinct / 128), so accuracy flatters every predictor "
                    f"(balanced accuracy is not computed yet). The proxies' own "
                    f"acceptance alpha: {drafts or '-'} (the paper's App. A.1 alphas are for its models). Paper: "
-                   f"{style.PAPER_SETUP}.")
+                   f"{style.PAPER_SETUP}.", y=-0.1)
     return fig
 
 

@@ -59,12 +59,13 @@ def palette(n: int) -> list:
     return sns.color_palette(n_colors=max(n, 1))
 
 
-def footnote(fig, text: str) -> None:
-    """A note under the figure, wrapped to its width (matplotlib's own wrap clips at a tight bounding box)."""
+def footnote(fig, text: str, y: float = -0.02) -> None:
+    """A note under the figure (its top at `y`, in figure fraction), wrapped to the figure's width (matplotlib's
+    own wrap clips at a tight bounding box)."""
     import textwrap
 
     width = max(40, int(fig.get_figwidth() * 72 / (0.6 * 7)))  # characters of 7 pt type across the figure
-    fig.text(0.01, -0.02, textwrap.fill(text, width), fontsize=7, color="0.3", ha="left", va="top")
+    fig.text(0.01, y, textwrap.fill(text, width), fontsize=7, color="0.3", ha="left", va="top")
 
 
 def paper_label(what: str, setup: str = PAPER_SETUP) -> str:
