@@ -468,12 +468,14 @@ def test_fig6_ticks_at_the_batch_sizes_and_tps_per_request(record):
     import matplotlib.pyplot as plt
 
     fig = build("fig6_batch", sweep_groups(record))
-    (ax,) = fig.axes
-    assert ax.get_xticks().tolist() == [1, 2, 4]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
-    assert "per request" in ax.get_ylabel()
-    # the records' per-request mean as it is, not multiplied by the batch size
-    assert ax.get_lines()[0].get_ydata().tolist() == [10.0, 15.0, 20.0]
+    per_request, aggregate = fig.axes
+    for ax in fig.axes:
+        assert ax.get_xticks().tolist() == [1, 2, 4]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
+    assert "per request" in per_request.get_ylabel() and "aggregate" in aggregate.get_ylabel()
+    # the records' per-request mean as it is in (a); batch size x it in (b)
+    assert per_request.get_lines()[0].get_ydata().tolist() == [10.0, 15.0, 20.0]
+    assert aggregate.get_lines()[0].get_ydata().tolist() == [10.0, 30.0, 80.0]
     plt.close(fig)
 
 
@@ -531,7 +533,7 @@ def test_every_paper_number_drawn_is_labelled_the_papers_with_its_setting(traces
     for name, groups in (("fig4_hot_cold", traces), ("fig5_sensitivity", sweep_groups(record)),
                          ("fig8_expert_reuse", {"records": b8}), ("fig_overhead", {"record": [str(over)]})):
         fig = build(name, groups)
-        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
         labels = [text.get_text() for leg in legends for handle, text in zip(leg.legend_handles, leg.get_texts())
                   if colour(handle) == grey]  # the paper's numbers are drawn grey
         assert labels, f"{name}: no paper artist"

@@ -143,13 +143,13 @@ def fig4_hot_cold(groups: dict):
             lows.append(float(smooth.min()))
         means.append(f"{panel.split(' (')[0]}: " + ", ".join(f"{b} {np.mean(y):.3f}" for b, y in series[panel]))
         if paper is not None:
-            ax.axhline(paper, **style.PAPER_STYLE, label=f"paper ~{paper}")
+            ax.axhline(paper, **style.PAPER_STYLE, label=style.paper_label(f"~{paper}"))
         ax.set_title(panel, fontsize=8)
         ax.set_xlabel("verify step" if panel == panels[0] else "token")
     handles, labels = next(((ax.get_legend_handles_labels()) for ax in axes if ax.get_lines()), ([], []))
     if handles:  # one legend for the three panels, below them: every panel's curves span its whole width
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 4),
-                   fontsize=7, frameon=False)
+                   fontsize=7, frameon=False)  # (the paper's line names its setting, as every paper artist does)
     bottom = max(0.0, np.floor(10 * min(lows)) / 10 - 0.1) if lows else 0.0
     for ax in axes:
         ax.set_ylim(bottom, 1.0)
@@ -181,7 +181,7 @@ def fig5_sensitivity(groups: dict):
         K["label"] = "MoE-SpAc"
     _lines(axes[2], K, "K", "utility bound K")
     if not K.empty:
-        axes[2].axvline(4, **style.PAPER_STYLE, label="paper: its K = 4 (its setup: footnote)")
+        axes[2].axvline(4, **style.PAPER_STYLE, label=style.paper_label("K = 4", "Qwen3-30B-A3B"))
         axes[2].legend(fontsize=7, loc="lower right")
     for ax, name in zip(axes, ("expert cache ratio", "generation length", "utility bound K")):
         ax.set_title(name, fontsize=9)
@@ -431,8 +431,12 @@ def fig_overhead(groups: dict):
         ax.set_ylim(0, max(values) * 1.2)
     L, E, k = m["shape"]
     fig.suptitle(f"Section 3.4: MoE-SpAc scheduler overhead at {L}x{E} top-{k}, gamma {m['gamma']}", fontsize=10)
-    style.footnote(fig, f"Ours: {rec['timing']} on {machine}. Paper: its Section 3.4, Qwen3-30B-A3B on its own "
-                   "machine (which it does not name).")
+    from matplotlib.patches import Patch
+
+    fig.legend(handles=[Patch(color=sns.color_palette()[0], label=f"ours ({rec['timing']}, {machine})"),
+                        Patch(color=style.PAPER_COLOR,
+                              label=style.paper_label("Sec. 3.4", "Qwen3-30B-A3B, its machine, not named"))],
+               loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=7, frameon=False)
     return fig
     rec = json.loads(open(files[0]).read())
     m, paper = rec["metrics"], rec.get("paper", {})
