@@ -23,10 +23,15 @@ TINY = REPO / "tests" / "fixtures" / "workflow_tiny.yaml"
 BIN = Path(sys.executable).parent
 
 
+# the repository's workflow, with its workflow profile (Snakemake finds profiles/default itself only when it runs
+# from the repository root, as the README does; these runs are elsewhere)
+WORKFLOW = ["-s", str(REPO / "workflow" / "Snakefile"), "--workflow-profile", str(REPO / "profiles" / "default")]
+
+
 def snakemake(*args, cwd=REPO, timeout=900, env=None):
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg", **(env or {}))
-    return subprocess.run([str(BIN / "snakemake"), "-s", str(REPO / "workflow" / "Snakefile"), *map(str, args)], cwd=cwd,
+    return subprocess.run([str(BIN / "snakemake"), *WORKFLOW, *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -134,9 +139,9 @@ def interrupt_once_a_record_exists(tmp_path, timeout=300):
     result record lands, and wait for Snakemake to stop. Returns its exit code."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
-    proc = subprocess.Popen([str(BIN / "snakemake"), "-s", str(REPO / "workflow" / "Snakefile"), "--cores", "2", "--configfile",
-                             str(TINY)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_default_sigint)
+    proc = subprocess.Popen([str(BIN / "snakemake"), *WORKFLOW, "--cores", "2", "--configfile", str(TINY)], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_default_sigint)
     deadline = time.monotonic() + timeout
     try:
         def any_record():

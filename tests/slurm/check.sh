@@ -13,10 +13,10 @@ sinfo
 rm -rf "$out/local" "$out/slurm"
 mkdir -p "$out/local" "$out/slurm"
 t0=$(date +%s)
-(cd "$out/local" && snakemake -s "$repo/workflow/Snakefile" --cores 2 --configfile "$tiny" > "$out/local.log" 2>&1)
+(cd "$out/local" && snakemake -s "$repo/workflow/Snakefile" --workflow-profile "$repo/profiles/default" --cores 2 --configfile "$tiny" > "$out/local.log" 2>&1)
 t1=$(date +%s)
 # squeue for job status: a single-node Slurm has no accounting database for sacct
-(cd "$out/slurm" && snakemake -s "$repo/workflow/Snakefile" --profile "$repo/profiles/slurm" --configfile "$tiny" \
+(cd "$out/slurm" && snakemake -s "$repo/workflow/Snakefile" --workflow-profile "$repo/profiles/default" --profile "$repo/profiles/slurm" --configfile "$tiny" \
     --slurm-status-command squeue --slurm-no-account --slurm-init-seconds-before-status-checks 5 \
     > "$out/slurm.log" 2>&1)
 t2=$(date +%s)
