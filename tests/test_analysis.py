@@ -138,6 +138,9 @@ def test_audit_sets_moespac_against_the_best_baseline_and_the_ablations_directio
     assert ("MoE-SpAc against the best baseline here, HybriMoE (25.00 TPS), -20.0 %" in lines[1]
             and lines[1].endswith("faster than MoE-SpAc on the averages: HybriMoE"))  # the oracle is no baseline
     assert "no benchmark has intervals for both (one request per cell)" in lines[2]
+    # the oracle is a bound: the audit says how much of it MoE-SpAc reaches (20 / 40)
+    assert any(line.endswith("MoE-SpAc reaches 50 % of the Offline oracle w/ SD (reference) (40.00 TPS), which "
+                             "knows each request's routing in advance") for line in lines)
     df.loc[df["method"] == "moespac", ["tps_lo", "tps_hi"]] = (19.0, 21.0)
     df.loc[df["method"] == "hybrimoe", ["tps_lo", "tps_hi"]] = (24.0, 26.0)
     df.loc[df["method"] == "llamacpp-sd", ["tps_lo", "tps_hi"]] = (15.0, 18.5)  # apart from MoE-SpAc's
