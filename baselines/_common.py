@@ -103,6 +103,13 @@ def next_layer_prediction(step: StepInfo | None, layer: int, num_experts: int, p
     return np.bincount(ids[ids >= 0].astype(np.int64), minlength=num_experts)
 
 
+def ranked_prediction(step: StepInfo | None, layer: int, num_experts: int, policy_name: str):
+    """Layer layer+1's predicted experts, most-predicted first (ties: lower id), and the votes [E] they got."""
+    votes = next_layer_prediction(step, layer, num_experts, policy_name)
+    order = np.argsort(-votes, kind="stable")
+    return order[votes[order] > 0], votes
+
+
 def self_draft_counts(step: StepInfo, shape: tuple[int, int]) -> np.ndarray:
     """Counts [L, E] of the self-draft pass's routing over this step's drafted tokens (signal 'self_draft_topk',
     int [L, tokens, k], -1 where it ran no token); zeros where the step has none (prefill: nothing drafted)."""

@@ -45,7 +45,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from baselines._common import INT4_SCALE, budget_layer, layer_cap, missing, next_layer_prediction
+from baselines._common import INT4_SCALE, budget_layer, layer_cap, missing, ranked_prediction
 from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch, StepInfo
 
 
@@ -196,9 +196,7 @@ class Fate(Policy):
             restore = [Prefetch(layer, int(e), 0.0, restore=True) for e in used]
         if layer + 1 >= self.ctx.topology.num_layers:
             return restore
-        predicted = next_layer_prediction(self.step, layer, self.ctx.topology.num_experts, self.name)
-        order = np.argsort(-predicted, kind="stable")
-        order = order[predicted[order] > 0]
+        order, _ = ranked_prediction(self.step, layer, self.ctx.topology.num_experts, self.name)
         order = order[:self.prefetch_k(self.step)]  # upstream's top prefetch_k, then those not cached
         order = order[~cache.resident[layer + 1, order]]
         # one stream, first in first out: layer l + 1's prefetches were issued before layer l's experts ran

@@ -121,6 +121,8 @@ class MoEInfinity(LFU):
         return []
 
     def plan_layer(self, layer, counts, cache):
+        if self.prefetch == "on-demand":  # the released path matches nothing: no matrix to keep
+            return super().plan_layer(layer, counts, cache)
         self.eam[layer] += counts
         if self.unit is not None:
             self.cos[:, layer] = self.unit[:, layer] @ unit_rows(self.eam[layer].astype(np.float64))

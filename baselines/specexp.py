@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from baselines._common import PrefetchLRU, next_layer_prediction
+from baselines._common import PrefetchLRU, ranked_prediction
 from moespac.errors import MoespacError
 from moespac.policy import LayerPlan, Prefetch
 
@@ -94,9 +94,7 @@ class SpecExp(PrefetchLRU):
     def end_layer(self, layer, counts, cache) -> list[Prefetch]:
         if layer + 1 >= self.ctx.topology.num_layers:
             return []
-        votes = next_layer_prediction(self.step, layer, self.ctx.topology.num_experts, self.name)
-        order = np.argsort(-votes, kind="stable")
-        order = order[votes[order] > 0]
+        order, votes = ranked_prediction(self.step, layer, self.ctx.topology.num_experts, self.name)
         self.predicted[layer + 1, order] = True
         self.touch((layer + 1, int(e)) for e in order)
         return [Prefetch(layer + 1, int(e), float(votes[e])) for e in order if not cache.resident[layer + 1, e]]

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from moespac.analysis.intervals import mean_interval, separate
+from moespac.catalogue import METHODS
 from moespac.registry import make_policy
 from moespac.sim.simulate import SimConfig, simulate
 
@@ -112,7 +113,8 @@ def main() -> None:
             rows.append(row(spec, recorded_cells(args.results, args.pair, spec[1:])))
             print_row(rows[-1])
             continue
-        draft = make_policy(spec).needs_draft or spec.startswith(("moespac", "llamacpp-sd", "oracle"))
+        # a speculative row replays the draft trace: the policy says so, or the catalogue's row for this spec does
+        draft = make_policy(spec).needs_draft or any(m.draft and m.policy == spec for m in METHODS.values())
         cells = (paper_regime_cells(spec, draft, args.requests, args.new_tokens) if args.paper_regime
                  else table1_cells(args.results, args.pair, spec, draft))
         rows.append(row(spec, cells))

@@ -120,6 +120,10 @@ class StepInfo:
     undefined)."""
 
 
+NOTHING = np.zeros(0, dtype=np.int64)
+NOTHING.setflags(write=False)  # one shared empty plan field: a plan is made for every layer of every step
+
+
 @dataclass
 class LayerPlan:
     """How one layer's activated experts run."""
@@ -132,7 +136,7 @@ class LayerPlan:
     loaded like `load` (blocking, into slots) and stay resident until evicted."""
     host: np.ndarray | None = None
     """Experts to run on the host. None = every activated expert that is neither resident nor loaded."""
-    substitute: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    substitute: np.ndarray = field(default_factory=lambda: NOTHING)
     """Activated, non-resident experts that do not run: a lossy policy runs a resident expert with their tokens
     instead (SpecExp executes its speculated experts, not the routed ones). The simulator charges their tokens as
     device compute of an expert of the same size and counts them as `substituted`; the engine cannot run other

@@ -51,42 +51,39 @@ def label_of(method: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _policy(spec: str | None):
+    """The policy a row's spec builds (once per spec), or None for no spec or one this checkout cannot build."""
+    from moespac.registry import make_policy
+
+    if not spec:
+        return None
+    try:
+        return make_policy(spec)
+    except MoespacError:
+        return None
+
+
 def stand_in_of(spec: str | None) -> str | None:
     """What a policy approximates of its system (Policy.stand_in, what `moespac policy list` shows), or None
     for a policy that is its system's rule itself or a spec this checkout cannot build."""
-    from moespac.registry import make_policy
-
-    if not spec:
-        return None
-    try:
-        return make_policy(spec).stand_in or None
-    except MoespacError:
-        return None
+    policy = _policy(spec)
+    return (policy.stand_in or None) if policy is not None else None
 
 
-@functools.lru_cache(maxsize=None)
 def lossy_of(spec: str | None) -> bool:
     """Whether a row's policy changes what the model computes (Policy.lossless false: Fate's INT4 experts,
     SpecExp's speculated ones); False where it cannot be built here."""
-    from moespac.registry import make_policy
-
-    try:
-        return bool(spec) and not make_policy(spec).lossless
-    except MoespacError:
-        return False
+    policy = _policy(spec)
+    return policy is not None and not policy.lossless
 
 
-@functools.lru_cache(maxsize=None)
 def variants_of(spec: str | None) -> str | None:
     """The other settings of a row's system (Policy.variants) and which one the row runs, for the table's
     footnote; None where the policy has none or cannot be built here."""
-    from moespac.registry import make_policy, parse_policy
+    from moespac.registry import parse_policy
 
-    if not spec:
-        return None
-    try:
-        policy = make_policy(spec)
-    except MoespacError:
+    policy = _policy(spec)
+    if policy is None:
         return None
     name, options = parse_policy(spec)
     chosen = {f"{k}={v}".lower() for k, v in options.items()}

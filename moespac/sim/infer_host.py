@@ -44,10 +44,6 @@ def paper_tps(method: str = "llama.cpp") -> dict[str, float]:
             if r["method"] == method and r["benchmark"].lower() != "average"}
 
 
-def paper_llamacpp_tps() -> dict[str, float]:
-    """{benchmark: tokens/s} of the paper's llama.cpp rows (Table 1), averages left out."""
-    return paper_tps(PAPER_ROWS[0])
-
 
 def with_host_bandwidth(profile: HardwareProfile, bandwidth: float, source: str, name: str | None = None):
     """`profile` with its host memory bandwidth replaced (and said where it came from)."""
@@ -89,7 +85,7 @@ def infer_host(base_name: str, ar_traces: dict[str, Trace], cache_ratio: float, 
     """Fit the host bandwidth per benchmark to the paper's llama.cpp row; returns the per-benchmark values, their
     geometric mean and range, and the inferred profile (a HardwareProfile named '<base>-paper-inferred')."""
     base = load_profile(base_name)
-    targets = paper_llamacpp_tps()
+    targets = paper_tps(PAPER_ROWS[0])
     missing = sorted(set(ar_traces) - set(targets))
     if missing:
         raise MoespacError(f"the paper has no llama.cpp row for benchmark {missing[0]!r}: nothing to fit there")
