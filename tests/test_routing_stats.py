@@ -145,7 +145,7 @@ def test_cli_writes_one_row_per_trace_and_the_paper_row(tmp_path, capsys):
     for key in rs.STATS:
         assert row[key] == pytest.approx(direct[key], abs=1e-12), key
     paper = df.iloc[2]
-    assert (paper["hot_cold_accuracy"], paper["smape"]) == (0.87, 0.490)
+    assert (paper["hot_cold_accuracy"], paper["smape"]) == (0.87, 0.490) and math.isnan(paper["hot_cold_balanced"])
     assert paper["moespac_hit_rate"] == pytest.approx(np.mean([0.70, 0.71, 0.73, 0.75]))
     assert math.isnan(paper["experts_for_90pct"]) and paper["source"] == "paper"
     assert df["hit_rate_timing"].tolist() == ["simulated", "simulated", "paper"]
@@ -186,3 +186,20 @@ def test_not_a_trace_and_no_trace_are_errors(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "j=" in err and "not a trace" in err
     assert main(["report", "routing-stats", "--out", str(tmp_path / "x")]) == 2
     assert "at least one --trace" in capsys.readouterr().err
+
+
+def test_balanced_accuracy_tells_a_learned_pattern_from_class_imbalance():
+    """2 of 16 experts active: on routing with no pattern the plain accuracy is still high (most experts are cold
+    and called cold), while balanced accuracy sits at chance; on a fixed pattern both are near 1."""
+
+    S, L, E = 200, 4, 16
+    fixed = np.zeros((S, L, E), np.int32)
+    fixed[:, :, [3, 7]] = 4
+    rng = np.random.default_rng(0)
+    noise = np.zeros((S, L, E), np.int32)
+    for s in range(S):
+        for layer in range(L):
+            noise[s, layer, rng.choice(E, 2, replace=False)] = 4
+    learned, chance = sm.hot_cold_accuracy(fixed, gamma=8), sm.hot_cold_accuracy(noise, gamma=8)
+    assert learned["balanced_accuracy"] > 0.99 and learned["precision"] == 1.0 and learned["recall"] == 0.995
+    assert chance["accuracy"] > 0.7 and abs(chance["balanced_accuracy"] - 0.5) < 0.03 and chance["precision"] < 0.2

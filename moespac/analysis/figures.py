@@ -20,7 +20,7 @@ from moespac.errors import MoespacError
 from moespac.reference import appendix_value
 from moespac.scheduler.config import MoESpAcConfig
 from moespac.scheduler.estimator import UtilityEstimator
-from moespac.scheduler.metrics import hot_cold_accuracy, step_counts
+from moespac.scheduler.metrics import hot_cold_accuracy, previous_step_accuracy, step_counts
 from moespac.scheduler.metrics import omega
 from moespac.trace import load_trace
 
@@ -99,34 +99,23 @@ def _model(trace) -> str:
 
 # ---- Figure 4: hot/cold prediction accuracy over steps ----------------------------------------------------
 
-def recency_per_step(counts: np.ndarray) -> np.ndarray:
-    """Accuracy of 'hot = activated at the previous step' (an AR, layer-level predictor) per step."""
-    prev = np.zeros_like(counts[0], dtype=bool)
-    out = []
-    for c in counts:
-        out.append(((c > 0) == prev).mean())
-        prev = c > 0
-    return np.asarray(out)
-
-
 @_saved
 def fig4_hot_cold(groups: dict):
     panels = ("MoE-SpAc with SD (per verify step)", "MoE-SpAc w/o SD (per token, window "
               f"{MoESpAcConfig().ar_window})", "AR previous-token predictor (per token)")
     fig, axes = style.figure(ncols=3, width=3.4, height=3.4)
-    series = {p: [] for p in panels}  # panel -> [(benchmark, per-step accuracy)]
+    series = {p: [] for p in panels}  # panel -> [(benchmark, hot_cold_accuracy-style scores)]
     alphas = {}
     for path in groups.get("sd", []):
         t = load_trace(path)
-        series[panels[0]].append((_trace_label(t), hot_cold_accuracy(t)["per_step"]))
+        series[panels[0]].append((_trace_label(t), hot_cold_accuracy(t)))
         alphas[_trace_label(t)] = _alpha(t)
     for path in groups.get("ar", []):
         t = load_trace(path)
         counts = step_counts(t)[0]
         if len(counts):
-            series[panels[1]].append((_trace_label(t),
-                                      hot_cold_accuracy(counts, MoESpAcConfig(ablation="no-sd"))["per_step"]))
-            series[panels[2]].append((_trace_label(t), recency_per_step(counts)))
+            series[panels[1]].append((_trace_label(t), hot_cold_accuracy(counts, MoESpAcConfig(ablation="no-sd"))))
+            series[panels[2]].append((_trace_label(t), previous_step_accuracy(counts)))
     names = sorted({b for ss in series.values() for b, _ in ss})
     colour = dict(zip(names, style.palette(len(names))))
     paper = appendix_value("hot_cold_accuracy")
@@ -136,12 +125,13 @@ def fig4_hot_cold(groups: dict):
         if not series[panel]:
             style.placeholder(ax, "no traces given")
             continue
-        for bench, y in series[panel]:
-            y = pd.Series(np.asarray(y, dtype=float))
+        for bench, scores in series[panel]:
+            y = pd.Series(np.asarray(scores["per_step"], dtype=float))
             smooth = y.rolling(window, min_periods=1).mean()
             ax.plot(np.arange(1, len(y) + 1), smooth, color=colour[bench], linewidth=1.2, label=bench)
             lows.append(float(smooth.min()))
-        means.append(f"{panel.split(' (')[0]}: " + ", ".join(f"{b} {np.mean(y):.3f}" for b, y in series[panel]))
+        means.append(f"{panel.split(' (')[0]}: " + ", ".join(f"{b} {sc['accuracy']:.3f} ({sc['balanced_accuracy']:.3f})"
+                                                             for b, sc in series[panel]))
         if paper is not None:
             ax.axhline(paper, **style.PAPER_STYLE, label=style.paper_label(f"~{paper}"))
         ax.set_title(panel, fontsize=8)
@@ -158,11 +148,13 @@ def fig4_hot_cold(groups: dict):
     fig.suptitle("Figure 4: online hot/cold prediction (measured traces)", fontsize=10)
     drafts = ", ".join(f"{b} {a:.2f}" for b, a in alphas.items() if a is not None)
     style.footnote(fig, f"Traces recorded by the real engine on {', '.join(models) or '?'}; accuracy per step averaged "
-                   f"over layers, drawn as a {window}-step rolling mean; plain means: {'; '.join(means)}. The y axis "
+                   f"over layers, drawn as a {window}-step rolling mean; means, accuracy (balanced accuracy): "
+                   f"{'; '.join(means)}. The y axis "
                    f"starts at {bottom:.1f}. The time bases differ: a verify step holds gamma + 1 tokens. With 8 of "
                    f"128 experts routed per token, calling every expert 'cold' is already right for about 94 % of a "
-                   f"token's experts (of a verify step's, 1 - distinct / 128), so accuracy flatters every predictor "
-                   f"(balanced accuracy is not computed yet). The proxies' own "
+                   f"token's experts (of a verify step's, 1 - distinct / 128), so accuracy, the paper's measure, flatters "
+                   f"every predictor; balanced accuracy (mean of the hot and the cold recall) scores any constant "
+                   f"guess 0.5. The proxies' own "
                    f"acceptance alpha: {drafts or '-'} (the paper's App. A.1 alphas are for its models). Paper: "
                    f"{style.PAPER_SETUP}.", y=-0.1)
     return fig

@@ -14,7 +14,8 @@ counts = (token, top-k slot) routing entries naming each expert:
   E (1 - (1 - k/E)^n) for a step of n tokens (the what-if's uniform_distinct), mean over the decode steps.
 - reuse: |A_s & A_{s-1}| / |A_s| per layer over consecutive decode steps of the same request (A = experts a step
   activates), mean over (pair, layer): moespac.routing.locality, proxy-stats' `reuse`.
-- hot_cold_accuracy, smape: moespac.scheduler.metrics.hot_cold_accuracy and .smape on the whole trace, as
+- hot_cold_accuracy (and hot_cold_balanced, its balanced accuracy), smape: moespac.scheduler.metrics.hot_cold_accuracy
+  and .smape on the whole trace, as
   `moespac bench` computes them for its records (the estimator runs over all decode steps in order; a trace
   without verify steps is scored with MoE-SpAc's AR mode, ablation no-sd, as Fig. 4's AR curve).
 - moespac_hit_rate: the GPU expert-cache hit rate of MoE-SpAc (its AR mode on a trace without drafts) when the
@@ -31,7 +32,7 @@ from moespac.errors import MoespacError
 from moespac.trace import KINDS
 
 STATS = ("experts_for_90pct", "entropy_norm", "top_share", "distinct_per_step", "distinct_uniform", "reuse",
-         "hot_cold_accuracy", "smape", "moespac_hit_rate")
+         "hot_cold_accuracy", "hot_cold_balanced", "smape", "moespac_hit_rate")
 """The statistics, in table order (routing_stats also returns the trace's size and topology)."""
 
 PAPER_LABEL = "paper (Qwen3-30B-A3B)"
@@ -91,7 +92,7 @@ def routing_stats(trace, hardware: str = "rtx4090-pcie4", model_spec: str = "tra
     totals = counts.sum(0, dtype=np.int64)  # [L, E] over the decode steps
     decode = np.isin(trace.steps["step_kind"], [KINDS.index("verify"), KINDS.index("ar")])
     sd = "draft" in trace.signals()
-    hot_cold = sm.hot_cold_accuracy(trace, None if sd else MoESpAcConfig(ablation="no-sd"))["accuracy"]
+    hot_cold = sm.hot_cold_accuracy(trace, None if sd else MoESpAcConfig(ablation="no-sd"))
     policy = policy or moespac_policy(trace)
     if allow_topology_mismatch is None:
         allow_topology_mismatch = model_spec != "trace"
@@ -110,7 +111,8 @@ def routing_stats(trace, hardware: str = "rtx4090-pcie4", model_spec: str = "tra
         distinct_per_step=float(sm.expert_cost_ratio(trace)["distinct_mean"]),
         distinct_uniform=float(uniform_distinct(E, k, tokens).mean()),
         reuse=float(locality(decode_counts(trace))[0]),
-        hot_cold_accuracy=float(hot_cold), smape=float(sm.smape(trace)),
+        hot_cold_accuracy=float(hot_cold["accuracy"]), hot_cold_balanced=float(hot_cold["balanced_accuracy"]),
+        smape=float(sm.smape(trace)),
         moespac_hit_rate=float(hit), moespac_policy=policy, hot_cold_mode="sd" if sd else "ar (no-sd)",
         hardware=hardware, model_spec=model_spec, cache_ratio=cache_ratio)
 
@@ -165,12 +167,14 @@ def source_of(trace) -> str:
 
 # ---- the table ------------------------------------------------------------------------------------------------
 
-TITLE = "Routing statistics of every workload beside the paper's"
+TITLE = ("Routing statistics of every workload beside the paper's (timing: none, counts read from traces; the hit "
+         "rate: simulated)")
 
 _COLUMNS = [("experts_for_90pct", "experts for 90 %", 1), ("entropy_norm", "entropy / log E", 3),
             ("top_share", "top expert share", 3), ("distinct_per_step", "distinct / step", 1),
             ("distinct_uniform", "uniform distinct / step", 1), ("reuse", "reuse", 3),
-            ("hot_cold_accuracy", "hot/cold acc.", 3), ("smape", "sMAPE", 3),
+            ("hot_cold_accuracy", "hot/cold acc.", 3), ("hot_cold_balanced", "hot/cold balanced acc.", 3),
+            ("smape", "sMAPE", 3),
             ("moespac_hit_rate", "MoE-SpAc hit rate", 3)]
 
 
@@ -221,7 +225,10 @@ def blocks(long) -> list:
         "distinct / step: distinct experts per layer in a decode step (uniform: E (1 - (1 - k/E)^n) for n tokens). "
         "reuse: share of a step's experts active in the request's previous decode step.",
         "hot/cold acc. (tau = 1) and sMAPE of consecutive frequencies as `moespac bench` records them (paper: ~0.87, "
-        "0.490 on Qwen3-30B); traces without drafts are scored with MoE-SpAc's AR mode.",
+        "0.490 on Qwen3-30B); traces without drafts are scored with MoE-SpAc's AR mode. The paper's figure is the "
+        "share of experts classified correctly (its Fig. 4 says accuracy, its text precision); with k of E experts "
+        "active, calling all cold scores 1 - k/E, so balanced acc. (mean of the hot and the cold recall, 0.5 for "
+        "any constant guess) stands beside it; the paper gives none.",
         "MoE-SpAc hit rate: simulated (**S**) GPU expert-cache hit rate, " + "; ".join(
             f"{pol} on {hw}, model spec {spec}, cache ratio {ratio:g}" for hw, spec, ratio, pol in settings)
         + " (paper: 0.70-0.75 measured on Qwen3-30B-A3B, App. C.2).",

@@ -46,6 +46,8 @@ class BenchStats:
     """Share of a layer's experts active in a decode step (what `reuse` would be without temporal locality)."""
     smape: float | None
     hot_cold_accuracy: float | None
+    hot_cold_balanced: float | None
+    """Balanced accuracy of the same prediction (mean of the hot and the cold recall): 0.5 for a constant guess."""
     paper_alpha: float | None
 
 
@@ -60,20 +62,21 @@ def paper_reference() -> dict:
                 hot_cold_accuracy=appendix_value("hot_cold_accuracy"))
 
 
-def scheduler_metrics(per_request: list[np.ndarray], gamma: int) -> tuple[float | None, float | None]:
-    """sMAPE and hot/cold accuracy from moespac.scheduler.metrics (None where it is not installed),
-    per request (the scheduler starts afresh with each request), weighted by decode steps."""
+def scheduler_metrics(per_request: list[np.ndarray], gamma: int) -> tuple[float | None, float | None, float | None]:
+    """sMAPE, hot/cold accuracy and its balanced accuracy from moespac.scheduler.metrics (None where it is not
+    installed), per request (the scheduler starts afresh with each request), weighted by decode steps."""
     try:
         from moespac.scheduler import metrics
     except ImportError:
-        return None, None
+        return None, None, None
     rows = [c for c in per_request if len(c) >= 2]
     if not rows:
-        return None, None
+        return None, None, None
     w = np.array([len(c) for c in rows], dtype=float)
     sm = np.array([metrics.smape(c) for c in rows])
-    acc = np.array([metrics.hot_cold_accuracy(c, gamma=gamma)["accuracy"] for c in rows])
-    return float((sm * w).sum() / w.sum()), float((acc * w).sum() / w.sum())
+    hc = [metrics.hot_cold_accuracy(c, gamma=gamma) for c in rows]
+    mean = lambda key: float((np.array([h[key] for h in hc]) * w).sum() / w.sum())
+    return float((sm * w).sum() / w.sum()), mean("accuracy"), mean("balanced_accuracy")
 
 
 def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_tokens: int = 128, gamma: int = 8,
@@ -122,7 +125,7 @@ def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_toke
             per_request = decode_counts(trace)
             total = sum(c.sum(0) for c in per_request) if per_request else np.zeros((1, 1))
             reuse, active = locality(per_request)
-            sm, acc = scheduler_metrics(per_request, gamma)
+            sm, acc, balanced = scheduler_metrics(per_request, gamma)
             label = chosen[0].label if chosen else bench.display
             out.append(BenchStats(
                 bench.name, label, len(enc.items), len(enc.skipped),
@@ -131,7 +134,7 @@ def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_toke
                 accepted / drafted if drafted else float("nan"), (accepted + steps) / steps if steps else float("nan"),
                 float(np.nanmean(top_share(total))),
                 math.ceil(0.1 * session.topology.num_experts) / session.topology.num_experts, reuse, active, sm, acc,
-                ref["alpha"].get(bench.name)))
+                balanced, ref["alpha"].get(bench.name)))
     finally:
         session.close()
     return out
@@ -144,12 +147,12 @@ def render(rows: list[BenchStats], pair, gamma: int, prompts: int, max_new_token
     head = (f"proxy-stats: measured on the pair {pair} (a local pair, not Qwen3-30B-A3B); {mode} speculative "
             f"decoding, gamma {gamma}, up to {prompts} prompts x {max_new_tokens} new tokens per benchmark (EOS ignored)")
     cols = ("benchmark", "prompts", "alpha", "paper alpha", "accepted/drafted", "tokens/step", "top-10% share", "reuse",
-            "active", "sMAPE", "hot/cold acc")
+            "active", "sMAPE", "hot/cold acc", "balanced")
     table = [cols]
     for r in rows:
         table.append((r.label, str(r.prompts), fmt(r.alpha), fmt(r.paper_alpha, 2), fmt(r.accepted_share),
                       fmt(r.tokens_per_step, 2), fmt(r.top10_share), fmt(r.reuse), fmt(r.active_share), fmt(r.smape),
-                      fmt(r.hot_cold_accuracy)))
+                      fmt(r.hot_cold_accuracy), fmt(r.hot_cold_balanced)))
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     lines = [head, ""] + ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
                           for row in table]
@@ -163,7 +166,9 @@ def render(rows: list[BenchStats], pair, gamma: int, prompts: int, max_new_token
               f"top-10% share: uniform routing would give {rows[0].top10_uniform:.3f}; reuse vs active: share of a "
               f"step's experts also active in the step before vs the share active (equal without temporal locality)",
               f"paper: sMAPE {fmt(ref['smape'])} (Qwen3-30B, App. B.1), hot/cold accuracy ~{fmt(ref['hot_cold_accuracy'], 2)} "
-              f"(Sec. 4.3); '-' = not available"]
+              f"(Sec. 4.3, the share of experts classified correctly); balanced: mean of the hot and the cold recall "
+              f"(a constant guess scores 0.5, while calling every expert cold scores 1 - k/E on plain accuracy; the "
+              f"paper gives none); '-' = not available"]
     return "\n".join(lines)
 
 
