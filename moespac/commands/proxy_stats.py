@@ -49,7 +49,8 @@ def run(args) -> int:
     if args.markdown:
         from moespac.atomic import write_text
 
-        write_text(args.markdown, f"# Proxy pair statistics next to the paper's\n\n```\n{text}\n```\n")
+        write_text(args.markdown, f"# Proxy pair statistics next to the paper's (timing: none, counts of the engine's "
+                   f"routing on the proxy pair)\n\n```\n{text}\n```\n")
     if args.json:
         config = dict(pair=args.pair, benchmarks=names, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                       gamma=args.gamma, seed=args.seed, temperature=args.temperature, threads=threads)
