@@ -597,3 +597,36 @@ def test_table1_says_which_rows_its_intervals_cannot_tell_apart_and_why():
     assert any("LRU (reference)" in n and "cells of 2 requests" in n for n in notes)  # no shared mechanism known
     assert not any("HybriMoE" in n for n in notes)
     assert not any("not told apart" in n for n in blocks[1].notes)  # the latency block does not repeat them
+
+
+def test_audit_covers_tables_3_and_4_appendix_a1_and_the_wrapped_block(tmp_path):
+    """The audit reads our Table 3, Table 4 and App. A.1 too: a direction is called only where the intervals
+    separate, Table 4's best gamma likewise, batch scaling is given per request and in aggregate."""
+    t3 = rows(("simulated", "moespac", "gsm8k", 20.0, 1.0), ("simulated", "hybrimoe", "gsm8k", 25.0, 1.0),
+              ("simulated", "fate", "gsm8k", 60.0, 1.0))
+    t3["lossy"] = [False, False, True]
+    t3[["tps_lo", "tps_hi"]] = [(19.0, 21.0), (24.0, 26.0), (59.0, 61.0)]
+    t3.to_csv(tmp_path / "t3.csv", index=False)
+    best, lossless = audit.table3_comparison(tmp_path / "t3.csv")
+    assert "against the best other method, Fate, -66.7 %" in best and best.endswith("slower on 1 (gsm8k): does not support it")
+    assert "against the best lossless one, HybriMoE, -20.0 %" in lossless
+    t4 = rows(*[("simulated", "moespac", "gsm8k", tps, 1.0) for tps in (20.0, 18.0, 9.0, 8.9)])
+    t4["batch_size"], t4["gamma"] = [1, 1, 4, 4], [2, 8, 2, 8]
+    t4[["tps_lo", "tps_hi"]] = [(19.5, 20.5), (17.5, 18.5), (8.5, 9.5), (8.4, 9.4)]
+    t4.to_csv(tmp_path / "t4.csv", index=False)
+    called, scaling = audit.table4_comparison(tmp_path / "t4.csv")
+    assert "batch 1: 2; batch 4: not called (gamma 2 leads gamma 8 by 1.1 %, intervals overlap on 1 of 1" in called
+    assert "per-request TPS -55.0 %, aggregate TPS (x batch size) +80.0 %" in scaling
+    a1 = pd.DataFrame([dict(table="appendix_a1", timing="simulated", hardware="h", model="m", quantity=q, benchmark=b,
+                            value=v, paper_value=p) for q, b, v, p in (("alpha", "gsm8k", 0.8, 0.83),
+                                                                        ("hit_rate", "gsm8k", 0.4, 0.73),
+                                                                        ("omega", "gsm8k", 4.0, None))])
+    a1.to_csv(tmp_path / "a1.csv", index=False)
+    [line] = audit.appendix_comparison(tmp_path / "a1.csv")
+    assert line.startswith("simulated, h, m: alpha 0.80-0.80 (the paper: 0.83-0.83); GPU hit rate 0.40-0.40 (the paper:")
+    w = rows(("wrapped", "llamacpp", "gsm8k", 90.0, 1.0), ("wrapped", "accelerate", "gsm8k", 9.0, 1.0))
+    w.to_csv(tmp_path / "w.csv", index=False)
+    [line] = audit.wrapped_comparison(tmp_path / "w.csv")
+    assert "llama.cpp 90.00 TPS, Accelerate 9.00 TPS" in line and "MoE-SpAc is not in this block" in line
+    page = audit.render(table3=tmp_path / "t3.csv", table4=tmp_path / "t4.csv", appendix_a1=tmp_path / "a1.csv")
+    assert "From paper_figs/table3.csv" in page and scaling in page and line not in page

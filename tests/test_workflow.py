@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from moespac.analysis.labels import unlabelled
 from moespac.bench.records import read_record, validate_record
 from moespac.cli import main
 from moespac.tracking import KEY_TAG
@@ -198,10 +199,20 @@ def test_tiny_study_end_to_end(tiny_study):
     assert regime["timing"] == "simulated" and row["benchmark"] == "gsm8k" and row["target"]["a_over_b"] == 0.64
     assert {"moespac", "llamacpp", "hybrimoe"} <= set(row["methods"]) and "synthetic, fitted" in regime["metrics"]["source"]
     assert "paper-regime routing" in (tmp_path / "paper_figs/paper_regime.md").read_text()
+    # the consistency page: the host inferred from llama.cpp's rows, the plausible-range sweep, a verdict the audit quotes
+    consistency = (tmp_path / "paper_figs/consistency.md").read_text()
+    sweep = regime["metrics"]["inferred_host"]["sweep"]
+    assert len(sweep) == 8 and set(sweep[0]["tps"]) == {"gsm8k"} and "oracle-sd" not in sweep[0]["tps"]["gsm8k"]
+    verdict = consistency.split("## Verdict\n\n")[1].split("\n")[0]
+    assert verdict.startswith("On the host inferred") and verdict in (tmp_path / "paper_figs/audit.md").read_text()
     for path in (tmp_path / "results" / "wrapped").glob("**/*.json"):  # external systems' records: whole JSON
         assert read_record(path)["timing"] == "wrapped"
     assert not list((tmp_path / "results").glob("**/*.failure.json"))
     figs = tmp_path / "paper_figs"
+    pages = sorted(figs.glob("*.md"))
+    assert len(pages) >= 10 and {"audit.md", "routing_stats.md", "consistency.md"} <= {p.name for p in pages}
+    for page in pages:  # every number on every page says how it was obtained
+        assert not unlabelled(page.read_text()), (page.name, unlabelled(page.read_text())[:3])
     for name in ("table1", "table2", "table4", "table6", "appendix_a1"):
         for ext in ("csv", "md", "tex"):
             assert (figs / f"{name}.{ext}").stat().st_size > 0, name

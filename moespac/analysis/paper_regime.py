@@ -98,21 +98,9 @@ def render(record: dict) -> str:
                   f"fit ({host['low'] / 1e9:.1f}-{host['high'] / 1e9:.1f} GB/s). Only the host bandwidth is "
                   f"inferred; the profile (in the study's record, metrics.inferred_host.profile_yaml) keeps every "
                   f"other parameter of `{cfg['hardware']}`.", ""]
-        ab = host.get("ab_from_sd_gain") or {}
-        if ab:
-            lines += ["### Do the paper's own tables agree? a/b from llama.cpp's SD gain", "",
-                      "On the inferred host, the token spread at which llama.cpp's SD gain (Table 1: llama.cpp-w/ SD "
-                      "over llama.cpp) comes out as the paper's, and the a/b of that routing, beside App. A.1's "
-                      "(simulated; alpha A.1's; reads no other row):", "",
-                      "| benchmark | paper's SD gain | a/b it implies | a/b (A.1) | gains this host can give |",
-                      "|---|---|---|---|---|"]
-            for b, r in ab.items():
-                t = next((x["target"] for x in m["rows"] if x["benchmark"] == b), {})
-                implied = ("unreachable (a/b searched " + f"{r['ab_range'][0]:.2f}-{r['ab_range'][1]:.2f})"
-                           if r["a_over_b"] is None else f"{r['a_over_b']:.2f}")
-                lines.append(f"| {b} | {r['paper_gain']:.3f} | {implied} | {t.get('a_over_b', float('nan')):.2f} | "
-                             f"{r['reachable'][0]:.2f}-{r['reachable'][1]:.2f} |")
-            lines.append("")
+        lines += ["Whether the paper's tables agree with each other (the a/b its llama.cpp SD gain implies), every "
+                  "method's prediction against the paper's number, and the headline across the plausible range of "
+                  "the host: paper_figs/consistency.md.", ""]
     lines += ["One fitted routing and one seed per benchmark: a difference of a few percent is not called.", ""]
     for note in (m["fill_rule"], m["smape_note"], m.get("self_draft_note")):
         if note:
@@ -127,7 +115,7 @@ def plot(record: dict, prefix) -> list:
     from moespac.analysis.style import figure, save
 
     df = frame(record).dropna(subset=["paper_tps"])
-    df = df[df["hardware"] == df["hardware"].iloc[-1]] if len(df) else df  # the inferred host where there is one
+    df = df[df["hardware"] == record["config"]["hardware"]]  # the sourced profile; the inferred: consistency.png
     fig, (ax,) = figure(width=5.2, height=4.4)
     for label, part in df.groupby("label", sort=False):
         ax.scatter(part["paper_tps"], part["tps"], label=label, s=22)

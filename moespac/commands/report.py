@@ -28,8 +28,20 @@ def register(sub) -> None:
     a = rsub.add_parser("audit", help="which of the paper's headline claims re-derive from its own tables")
     a.add_argument("--table1", default=None, help="our paper_figs/table1.csv, to compare our numbers with each claim")
     a.add_argument("--table2", default=None, help="our paper_figs/table2.csv, to compare our ablations with the claim")
+    a.add_argument("--table3", default=None, help="our paper_figs/table3.csv (other models and GPUs)")
+    a.add_argument("--table4", default=None, help="our paper_figs/table4.csv (batch size x draft length)")
+    a.add_argument("--appendix-a1", default=None, help="our paper_figs/appendix_a1.csv (routing statistics)")
+    a.add_argument("--paper-regime", default=None, metavar="RECORD",
+                   help="the paper-regime study's record, to quote the consistency verdict")
     a.add_argument("--out", required=True, help="Markdown file")
-    a.set_defaults(func=run_audit, io=IO(outputs=("out",), inputs=("table1", "table2")))
+    a.set_defaults(func=run_audit, io=IO(outputs=("out",), inputs=("table1", "table2", "table3", "table4",
+                                                                         "appendix_a1", "paper_regime")))
+
+    c = rsub.add_parser("consistency", help="the paper's setup inferred from its baselines, every method predicted "
+                        "under it and the plausible-range verdict (from a paper-regime record)")
+    c.add_argument("--record", required=True, help="the `moespac report paper-regime --json` record")
+    c.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.md, PREFIX.csv, PREFIX.png and PREFIX.pdf")
+    c.set_defaults(func=run_consistency, io=IO(inputs=("record",)))
 
     o = rsub.add_parser("overhead", help="time MoE-SpAc's estimator and balancer at Qwen3-30B-A3B's shape (measured)")
     o.add_argument("--alpha", type=float, default=0.8, help="acceptance rate that sets the verify steps")
@@ -65,6 +77,8 @@ def register(sub) -> None:
     pr.add_argument("--new-tokens", type=int, default=256)
     pr.add_argument("--no-infer-host", dest="infer_host", action="store_false",
                     help="skip the host inferred from the paper's llama.cpp rows (replay on --hardware only)")
+    pr.add_argument("--no-sweep", dest="sweep", action="store_false",
+                    help="skip moving each host parameter across its plausible range (paper_figs/consistency.md)")
     pr.add_argument("--json", required=True, help="write the result record here")
     pr.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.csv, PREFIX.md, PREFIX.png and PREFIX.pdf")
     pr.set_defaults(func=run_paper_regime, io=IO(outputs=("json",)))
@@ -111,8 +125,20 @@ def run_figure(args) -> int:
 def run_audit(args) -> int:
     from moespac.analysis.audit import write_audit
 
-    write_audit(args.out, args.table1, args.table2)
+    write_audit(args.out, **{k: getattr(args, k) for k in ("table1", "table2", "table3", "table4", "appendix_a1",
+                                                             "paper_regime")})
     print(f"wrote {args.out}")
+    return 0
+
+
+def run_consistency(args) -> int:
+    from moespac.analysis.consistency import write
+    from moespac.bench.records import read_record
+
+    record = read_record(args.record)
+    if record.get("kind") != "paper-regime":
+        raise MoespacError(f"--record {args.record}: a {record.get('kind')!r} record, not a paper-regime one")
+    print("wrote " + ", ".join(map(str, write(record, args.out))))
     return 0
 
 
@@ -224,8 +250,9 @@ def run_paper_regime(args) -> int:
     cfg = PaperRegimeStudy(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), benchmarks=benchmarks,
                            hardware=args.hardware, model_spec=args.model_spec, draft_spec=args.draft_spec,
                            cache_ratio=args.cache_ratio, gamma=args.gamma, requests=args.requests,
-                           new_tokens=args.new_tokens, infer_host=args.infer_host)
-    record = run_study(cfg, progress=lambda it, n: tqdm(it, total=n, desc="benchmarks"))
+                           new_tokens=args.new_tokens, infer_host=args.infer_host,
+                           sweep=args.sweep)
+    record = run_study(cfg, progress=lambda it, n, what: tqdm(it, total=n, desc=what))
     write_result(args.json, record)
     md = render(record)
     write_text(f"{args.out}.md", md)

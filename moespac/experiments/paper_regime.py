@@ -9,7 +9,9 @@ the paper's numbers are shown beside, never used. Every number here is simulated
 With `infer_host`, every method is also replayed on the host inferred from the paper's own llama.cpp rows
 (moespac/sim/infer_host.py: the host bandwidth at which llama.cpp gives the paper's tokens/s, per benchmark),
 beside the sourced profile whose host is an assumption; the headline methods are also replayed at the lowest
-and highest per-benchmark fit, the range the inference leaves open.
+and highest per-benchmark fit, the range the inference leaves open. With `sweep`, the headline and every lossless
+method are replayed with one host parameter at a time moved across its physically plausible range
+(infer_host.PLAUSIBLE), on the benchmarks with App. A.1 statistics: where, if anywhere, does the headline hold?
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from moespac.policy import check_signals
 from moespac.record import make_record
 from moespac.registry import make_policy
 from moespac.sim import paper_regime as pr
-from moespac.sim.infer_host import ab_from_sd_gain, infer_host, with_host_bandwidth
+from moespac.sim.infer_host import PLAUSIBLE, ab_from_sd_gain, infer_host, with_host_bandwidth, with_parameter
 from moespac.sim.profile import profile_yaml
 from moespac.sim.replay import SIM_SIGNALS
 from moespac.sim.simulate import SimConfig, simulate
@@ -38,6 +40,8 @@ from moespac.sim.simulate import SimConfig, simulate
 BRACKETED = ("moespac", "llamacpp-sd", "hybrimoe")
 """Methods also replayed at the lowest and highest per-benchmark host fit: the headline's two sides and the best
 lossless baseline of the sourced run."""
+REFERENCE = ("oracle-sd",)
+"""Bounds, not methods: never 'the best other method'."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class PaperRegimeStudy:
     """Seed of the fit and of every trace."""
     infer_host: bool = True
     """Also replay every method on the host inferred from the paper's llama.cpp rows (its own profile)."""
+    sweep: bool = True
+    """With infer_host: also move each host parameter across its plausible range (infer_host.PLAUSIBLE) and
+    replay the headline and every lossless method there."""
 
     def __post_init__(self):
         if not self.methods or not self.benchmarks:
@@ -81,7 +88,7 @@ class PaperRegimeStudy:
 
 def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
     """The study's record (timing: simulated): the fit with its residuals, and per benchmark every method's
-    simulated tokens/s and hit rate. progress: an optional callable(iterable, total) -> iterable."""
+    simulated tokens/s and hit rate. progress: an optional callable(iterable, total, what) -> iterable."""
     spec = get_spec(cfg.model_spec)
     targets, smape_target = pr.paper_targets()
     fitted, smape_note = pr.fit_routing(spec, targets, smape_target, gamma=cfg.gamma, seed=cfg.seed)
@@ -110,29 +117,37 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
             inferred["ab_from_sd_gain"] = ab_from_sd_gain(spec, {b: params[b] for b in benches if b in fitted},
                                                           hosts["inferred"], cfg.cache_ratio, cfg.draft_spec,
                                                           pr.FIT_SHAPE, seed=cfg.seed)
-        for bench in progress(benches, len(benches)) if progress else benches:
+        replayable = []
+        for slug in cfg.methods:
+            m = get_method(slug)
+            try:
+                check_signals(make_policy(m.policy), traces[benches[0]][0 if m.draft else 1].signals() | SIM_SIGNALS
+                              | {"warmup_counts"})
+                replayable.append(slug)
+            except MoespacError as e:  # a signal the synthetic traces do not carry
+                skipped[slug] = str(e)
+
+        def replay(slug: str, bench: str, hardware: str) -> dict:
+            m = get_method(slug)
+            trace = traces[bench][0 if m.draft else 1]
+            sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
+                            draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
+            return {k: simulate(sim, trace=trace)["metrics"][k] for k in ("tokens_per_s", "hit_rate", "host_share")}
+
+        for bench in progress(benches, len(benches), "benchmarks") if progress else benches:
             sd, ar = traces[bench]
-            stats = pr.measured_statistics(sd)
-            methods = {key: {} for key in hosts}
-            for slug in cfg.methods:
-                m = get_method(slug)
-                trace = sd if m.draft else ar
-                try:
-                    check_signals(make_policy(m.policy), trace.signals() | SIM_SIGNALS | {"warmup_counts"})
-                except MoespacError as e:  # a signal the synthetic traces do not carry
-                    skipped.setdefault(slug, str(e))
-                    continue
-                for key, hardware in hosts.items():
-                    if key.startswith("inferred_") and slug not in BRACKETED:
-                        continue
-                    sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
-                                    draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
-                    rec = simulate(sim, trace=trace)
-                    methods[key][slug] = {k: rec["metrics"][k] for k in ("tokens_per_s", "hit_rate", "host_share")}
+            methods = {key: {slug: replay(slug, bench, hardware) for slug in replayable
+                             if not key.startswith("inferred_") or slug in BRACKETED}
+                       for key, hardware in hosts.items()}
             rows.append(dict(benchmark=bench, params=dataclasses.asdict(params[bench]), filled=bench not in fitted,
-                             target=targets.get(bench, {}), measured=stats, sd_trace=sd.trace_id(),
-                             ar_trace=ar.trace_id(), methods=methods.pop("sourced"),
+                             target=targets.get(bench, {}), measured=pr.measured_statistics(sd),
+                             sd_trace=sd.trace_id(), ar_trace=ar.trace_id(), methods=methods.pop("sourced"),
                              **{f"methods_{k}": v for k, v in methods.items()}))
+        if inferred is not None and cfg.sweep:
+            swept = [b for b in benches if b in fitted]
+            pool = contenders({r["benchmark"]: r["methods_inferred"] for r in rows if r["benchmark"] in swept})
+            inferred["sweep"] = host_sweep(profile, pool, swept, replay, Path(tmp), progress)
+            inferred["sweep_pool_rule"] = CONTENDER_RULE
     sd_note = (f"MoE-SpeQ and SP-MoE read a synthetic self-draft signal: each drafted token's top-k entry kept with "
                f"probability {pr.SELF_DRAFT_FIDELITY} (assumed: the fidelity MoE-SpeQ reports for its own INT4 "
                f"self-draft, not a statistic of this paper), else another expert")
@@ -142,24 +157,59 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
     return make_record("paper-regime", "simulated", dataclasses.asdict(cfg), metrics)
 
 
-def gains(record: dict, method: str = "moespac", against: str = "llamacpp-sd", key: str = "methods") -> dict[str, dict]:
-    """Per benchmark: method / against - 1, method / best other - 1, and method / best lossless other - 1 (None
-    where either is missing), with the best methods' slugs; `key`: the rows' block ('methods' on the sourced
-    host, 'methods_inferred' on the inferred one)."""
-    lossless = {slug: make_policy(get_method(slug).policy).lossless for slug in record["config"]["methods"]}
-    out = {}
-    for row in record["metrics"]["rows"]:
-        m = row.get(key) or {}
-        mine = m.get(method, {}).get("tokens_per_s")
-        other = m.get(against, {}).get("tokens_per_s")
-        rest = {k: v["tokens_per_s"] for k, v in m.items() if k not in (method, "oracle-sd")}
-        exact = {k: v for k, v in rest.items() if lossless.get(k, True)}
-        ratio = lambda pool: None if mine is None or not pool else mine / max(pool.values()) - 1
-        out[row["benchmark"]] = dict(
-            vs=None if mine is None or not other else mine / other - 1,
-            vs_best=ratio(rest), best=max(rest, key=rest.get) if rest else None,
-            vs_best_lossless=ratio(exact), best_lossless=max(exact, key=exact.get) if exact else None)
+CONTENDER_RULE = ("replayed at each point (MoE-SpAc, llama.cpp-w/ SD, and every lossless method within 2x of the best "
+                  "lossless one on some swept benchmark at the inferred host; the rest are left out to keep the job short)")
+
+
+def contenders(on_inferred: dict[str, dict[str, dict]], factor: float = 2.0) -> list[str]:
+    """The sweep's methods (CONTENDER_RULE), from {benchmark: {slug: metrics}} on the inferred host."""
+    exact = lossless_of({s for per in on_inferred.values() for s in per})
+    keep = {"moespac", "llamacpp-sd"}
+    for per in on_inferred.values():
+        tps = {s: m["tokens_per_s"] for s, m in per.items() if exact[s] and s not in REFERENCE and s != "moespac"}
+        if tps:
+            keep |= {s for s, v in tps.items() if v * factor >= max(tps.values())}
+    return [s for s in next(iter(on_inferred.values()), {}) if s in keep]  # the study's method order
+
+
+def host_sweep(center, pool: list[str], benches: list[str], replay, workdir: Path, progress=None) -> list[dict]:
+    """One host parameter at a time moved from `center` (the inferred profile) to each of its plausible points
+    (infer_host.PLAUSIBLE); at each, every method of `pool` on every benchmark of `benches` (tokens/s)."""
+    points = [(field, label, value) for field, named in PLAUSIBLE.items() for label, value in named]
+    out = []
+    for field, label, value in progress(points, len(points), "host points") if progress else points:
+        path = workdir / f"sweep-{field}-{len(out)}.yaml"
+        path.write_text(profile_yaml(with_parameter(center, field, value, f"plausible-range point: {label}")))
+        out.append(dict(parameter=field, label=label, value=value,
+                        tps={b: {s: replay(s, b, str(path))["tokens_per_s"] for s in pool} for b in benches}))
     return out
+
+
+def lossless_of(methods) -> dict[str, bool]:
+    """{slug: whether its policy keeps the model's output exact}."""
+    return {slug: make_policy(get_method(slug).policy).lossless for slug in methods}
+
+
+def compare(tps: dict[str, float], lossless: dict[str, bool], method: str = "moespac",
+            against: str = "llamacpp-sd") -> dict:
+    """From {slug: tokens/s} of one benchmark: method / against - 1, method / best other - 1 and method / best
+    lossless other - 1 (None where either is missing), with the best methods' slugs. Bounds are not methods."""
+    mine, other = tps.get(method), tps.get(against)
+    rest = {k: v for k, v in tps.items() if k != method and k not in REFERENCE}
+    exact = {k: v for k, v in rest.items() if lossless.get(k, True)}
+    ratio = lambda pool: None if mine is None or not pool else mine / max(pool.values()) - 1
+    return dict(vs=None if mine is None or not other else mine / other - 1,
+                vs_best=ratio(rest), best=max(rest, key=rest.get) if rest else None,
+                vs_best_lossless=ratio(exact), best_lossless=max(exact, key=exact.get) if exact else None)
+
+
+def gains(record: dict, method: str = "moespac", against: str = "llamacpp-sd", key: str = "methods") -> dict[str, dict]:
+    """compare() per benchmark of one block of the record's rows ('methods' on the sourced host,
+    'methods_inferred' on the inferred one)."""
+    lossless = lossless_of(record["config"]["methods"])
+    return {row["benchmark"]: compare({k: v["tokens_per_s"] for k, v in (row.get(key) or {}).items()}, lossless,
+                                      method, against)
+            for row in record["metrics"]["rows"]}
 
 
 def mean_or_none(values) -> float | None:

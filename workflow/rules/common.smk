@@ -596,10 +596,14 @@ def figure_names():
 
 
 def get_audit_tables(wildcards):
-    """The tables the audit compares with the paper's claims: Table 1, and Table 2 when it runs."""
+    """What the audit compares with the paper's claims: Table 1, and Tables 2-4, App. A.1 and the paper-regime
+    record when they run."""
     tables = {"table1": "paper_figs/table1.csv"}
-    if active("table2"):
-        tables["table2"] = "paper_figs/table2.csv"
+    for name in ("table2", "table3", "table4", "appendix_a1"):
+        if name in table_names():
+            tables[name] = f"paper_figs/{name}.csv"
+    if PAPER_REGIME["activate"]:
+        tables["paper_regime"] = "results/whatif/paper_regime.json"
     return tables
 
 
@@ -624,7 +628,7 @@ def get_routing_stats_args(wildcards, input):
 
 
 def get_audit_args(wildcards, input):
-    return " ".join(f"--{name} {quote(path)}" for name, path in input.items())
+    return " ".join(f"--{name.replace('_', '-')} {quote(path)}" for name, path in input.items())
 
 
 def final_paper_outputs():
@@ -637,7 +641,7 @@ def final_paper_outputs():
     if WHATIF["activate"]:
         out += expand("paper_figs/whatif_locality.{ext}", ext=["csv", "md", "png", "pdf"])
     if PAPER_REGIME["activate"]:
-        out += expand("paper_figs/paper_regime.{ext}", ext=["csv", "md", "png", "pdf"])
+        out += expand("paper_figs/{page}.{ext}", page=["paper_regime", "consistency"], ext=["csv", "md", "png", "pdf"])
     out += expand("paper_figs/routing_stats.{ext}", ext=["csv", "md", "tex", "html"])
     return out + ["paper_figs/audit.md"]
 
@@ -673,6 +677,7 @@ def get_paper_regime_options(wildcards):
         f" --draft-spec {quote(SIM['draft_spec'])} --cache-ratio {SIM['cache_ratio']} --gamma {SIM['gamma']}"
         f" --requests {PAPER_REGIME['requests']} --new-tokens {PAPER_REGIME['new_tokens']}"
         + ("" if PAPER_REGIME.get("infer_host", True) else " --no-infer-host")
+        + ("" if PAPER_REGIME.get("sweep", True) else " --no-sweep")
     )
 
 

@@ -88,3 +88,26 @@ rule paper_regime:
         prefix=output_prefix_of_md,
     shell:
         "moespac report paper-regime {params.options} --json {output.record} --out {params.prefix} > {log} 2>&1"
+
+
+rule consistency:
+    # simulated: the paper's host inferred from its own llama.cpp rows, every method predicted under it, the verdict
+    input:
+        record="results/whatif/paper_regime.json",
+    output:
+        csv="paper_figs/consistency.csv",
+        md="paper_figs/consistency.md",
+        png=report(
+            "paper_figs/consistency.png",
+            caption="../report/consistency.rst",
+            category="Figures",
+        ),
+        pdf="paper_figs/consistency.pdf",
+    log:
+        "results/logs/consistency/consistency.log",
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        prefix=output_prefix_of_md,
+    shell:
+        "moespac report consistency --record {input.record} --out {params.prefix} > {log} 2>&1"
