@@ -12,7 +12,7 @@ from moespac.iopaths import IO
 
 def register(sub) -> None:
     from moespac.bench.harness import TIMINGS, TURNS, BenchConfig
-    from moespac.datasets import SOURCES
+    from moespac.datasets import BENCHMARKS, SOURCES
 
     p = sub.add_parser("bench", help="run a benchmark with the paper's protocol and write a result record",
                        description=__doc__.splitlines()[0])
@@ -30,7 +30,9 @@ def register(sub) -> None:
     add_field_args(g, BenchConfig, "benchmark", "source", "limit", "turns", "batch_size", "max_new_tokens",
                    "ignore_eos", "temperature", "warmup", "seed", "self_draft_lookahead",
                    source=dict(choices=SOURCES), turns=dict(choices=TURNS), limit=dict(metavar="N"),
-                   temperature=dict(type=finite))
+                   temperature=dict(type=finite),
+                   benchmark=dict(type=benchmark_name, metavar="NAME",
+                                  help=f"one of {', '.join(BENCHMARKS)} (the paper's names and aliases accepted)"))
     t = p.add_argument_group("timing")
     add_field_args(t, BenchConfig, "timing", "hardware", "model_spec", "draft_spec", "allow_topology_mismatch",
                    "from_trace", "warmup_steps", "profile_traces", "bounds", timing=dict(choices=TIMINGS),
@@ -42,6 +44,19 @@ def register(sub) -> None:
                    help="do nothing when --out already holds a valid record of this config")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run, io=IO(outputs=("out", "trace"), inputs=("from_trace", "target", "draft", "model_pair")))
+
+
+def benchmark_name(value: str) -> str:
+    """argparse type: a known benchmark, refused while the command line is parsed (before any other error)."""
+    import argparse
+
+    from moespac.datasets import get_benchmark
+
+    try:
+        get_benchmark(value)
+    except MoespacError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def model_refs(args) -> tuple[str | None, str | None]:
