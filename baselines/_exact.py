@@ -1,19 +1,10 @@
 """The least-time on-demand schedule of one request, by dynamic programming over cache states (small problems).
 
-The class it is exact for: plans that never prefetch (every copy is a blocking on-demand load at the layer that
-uses the expert), on a shared slot pool, under the simulator's rules (moespac/sim/replay.py). Then a layer visit
-costs its loads (one copy each, back to back on the idle link) plus the expert phase of the device set it picks
-among its resident active experts, and the fixed costs (draft, attention, the rest) do not depend on the plan.
+It is exact among plans that never prefetch (every copy a blocking on-demand load at the layer that uses the
+expert), on a shared slot pool, under the simulator's rules (moespac/sim/replay.py). The oracle offers it as its
+'exact' plan when `fits` says the search is small enough.
 
-State before a visit: the set of resident experts that are used again in the request. An expert never used
-again holds a slot that is free in effect: it is never in use, so it can always be evicted at no cost; the
-replay evicts such experts first. Transition at a visit with active set A from state C: load N (a subset of
-A's misses), evict V (residents not in A, as the replay freezes A's residents) when the loads need more slots
-than are free, and run the best device set within (C & A) | N. The start placement is free: every subset of
-at most `capacity` used experts (only the full set when all used experts fit, which then never loads).
-
-Work per layer visit grows with the number of states, sum_{j <= capacity} C(used experts, j), times the load
-sets of the layer's misses (up to 2^E): `fits` bounds their product.
+Details: docs/baselines.md#exact-on-demand-schedule-oracle-helper.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The oracle's offline arithmetic: which experts of a layer run on the device, and the best static placement.
 
-A layer's expert time, for a set D of its active experts on the device (the rest on the host), is the
-simulator's own rule (moespac/sim/replay.py): max(device call + device, host + hidden transfer), or their sum
-when the device is the host CPU, plus one copy per expert of D that is not resident (on-demand loads block).
-The device call y is charged when D is not empty, the host side's fixed x when some expert is left off D.
+A layer's expert time follows the simulator's own rule (moespac/sim/replay.py). Device sets are enumerated
+exactly when a layer has at most EXACT_EXPERTS candidates, and otherwise among prefixes of the experts ordered
+by how much the device saves (a heuristic).
 
-Device sets are enumerated exactly (every subset) when a layer has at most EXACT_EXPERTS candidates, and
-otherwise taken among the prefixes of the experts ordered by how much the device saves (a heuristic: the
-split is a partition problem). Tests and hand cases are small, so there the choices are exact optima.
+Details: docs/baselines.md#offline-arithmetic-oracle-helper.
 """
 
 from __future__ import annotations

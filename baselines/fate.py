@@ -2,41 +2,11 @@
 input and prefetched as INT4 copies; the device caches INT4 experts, the first layers whole and the rest split
 evenly, with ARC replacement in each layer.
 
-Source: FFFzy/Fate_open at f7c0eebc9648b0335c2f18a85acf88a438096480 (the Qwen1.5-MoE path; Mixtral and
-DeepSeek mirror it): utils/memory_cost.py `memory_cost_qwen` (placement), expert_ARC_cache.py `ARC_Cache`,
-modeling_qwen_moe.py `Qwen2MoeDecoderLayer.predict` (prefetch) and the on-demand loads, utils/prefetch_k.py
-`get_prefetch_k` (decode prefetch budget); Fang et al., arXiv 2502.12224; MoE-SpAc Table 1 row "Fate".
-- Format (the row, `lossy_transfer=True`): experts live on the host as INT4 (group 64) and travel and stay
-  cached as INT4, dequantised for each use, so Fate is lossy. A copy moves `transfer_scale` = 4.5/16 of an
-  expert's bytes (4 bits a weight, a 16-bit scale and zero per 64) and the same memory holds 16/4.5 times as
-  many cached experts (Policy.device_slots, at most all of them). The engine copies INT4 and
-  dequantises into full-precision slots (moespac/engine/store.py), so there the cache keeps the run's slot
-  count. `lossy_transfer=False` (a variant, not the row): full-precision copies and slots, exact output.
-- Placement (`memory_cost_qwen`): with n = slots // E >= 4, layers 0-3 are cached whole and every other layer
-  gets (slots - 4E) // (L - 4) slots (the remainder stays unused); with n < 4, layers 0..n-1 whole, layer n
-  the remainder, later layers none (upstream streams those through a transient buffer: here they get top_k
-  slots, taken back from the others when the cache is full). Each partial layer starts holding experts
-  0..b-1 (at most the capacity in all). A layer
-  under budget may borrow free slots and gives them back first (baselines/_common.budget_layer).
-- Predictor: signal 'cross_layer_topk' (layer l+1's router top-k on layer l's input, recorded by the
-  engine). After layer l the predicted experts of l+1 that are not resident are prefetched, most-predicted
-  first: all of them in prefill, the top prefetch_k = floor(layer time / INT4 copy time) in decode
-  (`get_prefetch_k` measures both; here t_layer + k t_gpu over transfer_scale x t_io). Upstream ranks the
-  next gate's scores and can name more than k experts a token; the recorded signal holds k per token. Layer 0 is never
-  predicted. Mispredicted experts load on demand; all compute on the device.
-- ARC (Megiddo & Modha) in each layer: T1 = residents referenced once since they entered, T2 = more than
-  once, ghosts B1/B2 remember recent evictions and steer the target size p of T1. An expert enters T1 when it
-  becomes resident (prefetched or loaded), or T2 if it was a ghost when last referenced; references are
-  activations; the incoming expert (cache.requesting) decides REPLACE's tie "x in B2 and |T1| = p".
-- Restore: upstream dequantises a cached expert in place to run it and then copies its INT4 version from the
-  host again (`post_comp` -> `quan_experts` -> `load_weights`, on the prefetch stream, layers >= 1), so every
-  use of a cached expert moves its INT4 bytes once more: Prefetch.restore requests, after the next layer's
-  prefetches on the same first-in-first-out link (upstream issues those before the layer's experts run).
-  Restores still queued when their layer next starts are dropped (upstream's stream would hold them; its
-  compute waits for none of them).
-Stand-in: the prefetch budget comes from the unit costs, not from timing each layer. Not modelled: INT2 copies
-of unpopular experts (upstream: prefill only, the least popular 30 % for Qwen and
-Mixtral), the dequantisation's compute, the missing wait between the copy and compute streams.
+Lossy in the MoE-SpAc Table 1 row "Fate" (`lossy_transfer=True`: INT4 copies and slots); every use of a cached
+expert also restores its INT4 copy. Stand-in: the prefetch budget comes from the unit costs, not from timing
+each layer.
+
+Provenance and upstream details: docs/baselines.md#fate.
 """
 
 from __future__ import annotations

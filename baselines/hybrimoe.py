@@ -2,31 +2,10 @@
 top-scored experts, and a greedy split of each layer's experts between GPU and CPU from both ends of a
 hot-to-cold queue.
 
-Source: PKU-SEC-Lab/HybriMoE at 508a85b9a43dff37124370d8816e411e74827803 (checked again there; first read
-at 0f6e78b309): ktransformers/operators/experts.py KScoreAwareCache, KExpertsCache (HSS, prefetch_expert,
-get_experts_to_prefetch, load_expert_weights), ktransformers/models/modeling_deepseek.py (alpha 0.5,
-p = 2 top_k), local_chat.py (--prefetch_size, default 0); arXiv 2504.05897. MoE-SpAc Table 1 row "HybriMoE".
-- Score (MRS), after each router call: the top-p (p = 2 top_k) experts by router probability get
-  S <- alpha*s + (1 - alpha)*S, every other expert S <- (1 - alpha)*S, alpha = 0.5. Stand-in: our traces
-  carry activation counts, not router probabilities, so s = the expert's share of the layer's routing
-  entries (counts / counts.sum(), which sums to 1 like a probability), the top p are the highest counts, and
-  every token of the forward counts (upstream reads token row 0 only). (The code assigns the top-p scores,
-  in score order, to the masked experts in index order; we apply the stated formula to the right experts.)
-- Cache: `cache_size` slots per layer (default 16; here `slots_per_layer`, else capacity // L, at most
-  the run's per_layer_capacity), experts 0..b-1 resident at start; the victim is the lowest score among
-  the layer's residents (a layer under budget may borrow free slots: baselines/_common.budget_layer).
-- Prefetch: off, as upstream runs by default (`prefetch_size` 0: local_chat.py and KExpertsCache both
-  default to 0, and the README's example passes 0); that is the Table 1 row. The variant prefetch_size=N
-  (None = top_k) asks in decode for the top N experts of layer l+1 by their own score that are not cached;
-  the code issues it while layer l's GPU experts start, we after layer l (end_layer), before layer l+1's
-  attention. Only experts with a positive score are asked for.
-- Split (decode; prefill runs every expert on the GPU): residents sorted by token count (descending), then
-  non-residents likewise; repeatedly the GPU takes the head or the CPU the tail, whichever finishes
-  sooner (ties to the GPU). GPU: t_gpu per expert, and a non-resident expert cannot start before its copy
-  (t_io each, one after another on the link) has finished. CPU: t_cpu per token-expert. The code's
-  hard-coded constants (CPU 1.0/token + 0.79 once, GPU 0.5, copy 0.418) are replaced by ctx.costs; the
-  one-off CPU intercept has no counterpart there and is dropped. The code splits only single-token
-  decode; we split every non-prefill forward (verify batches too).
+Stand-in: our traces carry activation counts, not router probabilities, so an expert's score uses its share of
+the layer's routing entries. Prefetch is off in the MoE-SpAc Table 1 row "HybriMoE", as upstream runs by default.
+
+Provenance and upstream details: docs/baselines.md#hybrimoe.
 """
 
 from __future__ import annotations

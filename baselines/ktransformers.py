@@ -1,17 +1,10 @@
 """kTransformers (SGLang integration): routed experts live on the CPU except a static set placed on the
 GPU by one of four strategies; the CPU skips GPU experts, so each expert runs exactly once.
 
-Source: kvcache-ai/ktransformers doc/en/kt-kernel/experts-sched-Tutorial.md (commit 15c624dcae), flag
-`--kt-expert-placement-strategy` (default `uniform`), and kt-kernel `generate_gpu_experts_masks`
-(experts_base.py); SOSP'25 "KTransformers". Related work in MoE-SpAc (not a Table 1 row).
-- uniform: positions ordered expert-major ((l0,e0), (l1,e0), ..., (l0,e1), ...), first `capacity` taken:
-  every layer gets the same experts, earlier layers one more when it does not divide.
-- frequency: the global top `capacity` of an activation table (here the warm-up counts), all layers at
-  once as kt-kernel does (some sglang-kt versions split per layer instead).
-- front-loading: layer 0's experts first, then layer 1's, ...
-- random: a fixed-seed (42) random set; numpy's generator, so not the same set as torch.randperm.
-Not modelled: `--kt-enable-dynamic-expert-update` (re-placement during long prefills) and Expert
-Deferral (lossy).
+Strategies: uniform (upstream's default), frequency, front-loading, random. Related work in MoE-SpAc (not a
+Table 1 row).
+
+Provenance and upstream details: docs/baselines.md#ktransformers.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """llama.cpp with `--n-cpu-moe N`: the routed experts of the first N layers stay in host memory and are
 computed by the CPU; every other layer's experts are resident. Static: no cache, no prefetch, no copies.
 
-Source: ggml-org/llama.cpp, `--n-cpu-moe` (PR #15077, build b6089) is `-ot` overrides putting
-`ffn_{up,down,gate}_exps` of blocks 0..N-1 in a CPU buffer (`--cpu-moe`, PR #14992, is N = all layers:
-baselines/all_host.py). Batches under GGML_OP_OFFLOAD_MIN_BATCH = 32 tokens (decode, and SD verification
-with gamma + 1 <= 31) run host experts on the CPU. MoE-SpAc Table 1 rows "llama.cpp" and "llama.cpp w/ SD";
-`llamacpp-sd` is the same placement and differs only in the decoding loop (draft `-md`, `--draft-max`).
+N defaults to L - capacity // E (whole layers); `cpu_moe=true` is `--cpu-moe` (N = L). MoE-SpAc Table 1 rows
+"llama.cpp" and "llama.cpp w/ SD" (`llamacpp-sd`: the same placement, another decoding loop).
 
-N defaults to the smallest value whose device layers fit the cache: L - capacity // E (whole layers, as
-`-ot` moves whole tensors; leftover slots stay unused). `cpu_moe=true` is `--cpu-moe` (`-ot exps=CPU`):
-N = L, no expert on the GPU, the placement the paper most likely ran (it names no flag). Not modelled: for batches of >= 32 tokens
-(prefill) llama.cpp copies the host layer's weights to the GPU for that op; here those experts run on the
-host (the interface has no temporary copy outside the cache).
+Provenance and upstream details: docs/baselines.md#llamacpp.
 """
 
 from __future__ import annotations

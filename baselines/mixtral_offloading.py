@@ -1,19 +1,10 @@
 """Mixtral-Offloading: each layer is its own LRU cache of a fixed number of slots; a miss is loaded on
 demand and replaces the layer's least recently used expert.
 
-Source: dvmazur/mixtral-offloading (src/build_model.py and src/expert_cache.py, commit 0d639be298; the spec
-read ce545188b8): every layer is an eviction group with `N - offload_per_layer` GPU slots; experts with
-index < offload_per_layer start offloaded, so the highest-numbered ones start resident; a hit moves the
-expert to the MRU end; a miss swaps it with the group's LRU through staging buffers. No CPU compute, no
-prefetch (speculative loading is listed as upcoming in the README). Tech report arXiv 2312.17238.
-MoE-SpAc Table 1 row "Mixtral Offload".
+Slots per layer: `slots_per_layer`, else capacity // L; in a shared pool a layer may borrow free slots
+(baselines/_common.budget_layer). MoE-SpAc Table 1 row "Mixtral Offload".
 
-Slots per layer: `slots_per_layer`, else capacity // L (at most the run's per_layer_capacity). In a shared
-pool (no per_layer_capacity) a layer may borrow free slots; when it is at its budget it evicts its own LRU
-expert, otherwise the layer furthest over budget gives one back (baselines/_common.budget_layer).
-Deviation: when every resident expert of a layer is in use by the current forward (a verification batch
-touching more experts than the layer has slots), the extra experts run on the host: the engine freezes
-in-use experts, where Mixtral-Offloading would cycle them through its buffers one at a time.
+Provenance and upstream details: docs/baselines.md#mixtral-offloading.
 """
 
 from __future__ import annotations

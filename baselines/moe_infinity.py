@@ -1,35 +1,10 @@
 """MoE-Infinity: match the request's expert activation matrix (EAM) against past requests' EAMs and
 prefetch the best match's experts for every later layer; evict by lowest in-cache visit count (LFU).
 
-Source: EfficientMoE/MoE-Infinity (moe_infinity/memory/expert_tracer.py @a41b5ce5f2, expert_predictor.py
-@2648d8e01a, expert_prefetcher.py @01b56cd94c; the spec read d617801793), arXiv 2401.14361. MoE-SpAc
-Table 1 row "MoE-Infinity".
-- EAM: L x N counts of the request's routing entries. A bounded collection keeps past requests' EAMs
-  (`trace_capacity`); a new EAM fills an empty entry, else replaces the least-accessed one; each match
-  counts as an access. MoE-Infinity builds the collection offline from a dataset's requests before serving:
-  here the driver's profiling run of other prompts (PolicyContext.history, never the replayed requests)
-  seeds it once; without one the first request has nothing to match (plain LFU until a request ends).
-- At every MoE layer l: rows are normalised and compared by cosine similarity per layer, averaged over
-  layers, with every stored EAM (the spec's reading; the code at a41b5ce5f2 instead blanks the stored
-  EAMs' rows <= l). The best match is taken, rows before the next layer are zeroed and row j is scaled by
-  1 - (j - l)/(L + 1); its positive entries are prefetched in descending score order, and they replace
-  the previous layer's candidates as the entries protected from eviction.
-- Eviction: global, lowest in-cache visit count (baselines/lfu.py with in_cache=True), never a current
-  candidate while another expert can go. All compute on the device; misses load on demand.
+The MoE-SpAc Table 1 row "MoE-Infinity" is what the released decode path runs, `prefetch='on-demand'` (every
+miss fetched on demand into the in-cache LFU); `prefetch='eam'` (a variant) is the activation-matrix prefetch.
 
-The Table 1 row is what the released decode path runs (EfficientMoE/MoE-Infinity main at
-d6178017933c3d39f82be99f702d8a3e4ce98f8f: moe_infinity/models/mixtral.py and deepseek.py have their
-`expert_predictor.predict` / `prefetch_experts` calls commented out, and the dev branch's Qwen3 block, the
-only one for the paper's model, calls none; only arctic.py and grok.py prefetch): `prefetch='on-demand'`, every
-miss fetched on demand (ExpertDispatcher::GPUFetchFunc) into the in-cache LFU. No released decode path
-prefetches the next layer from the current layer's router logits. `prefetch='eam'` (a variant) is the
-activation-matrix prefetch below, as the paper and the Arctic/Grok paths run it.
-
-Adaptations: a request's EAM enters the collection when the next request starts (reset, or a new
-StepInfo.signals['request'] id when a driver keeps the policy across requests). The code adds 1e-8 to
-every entry of rows >= l, which would queue all L x N experts every layer; here only entries the match
-actually used are queued, at most `capacity` of them and each (layer, expert) once per step (the real
-task pool clears and re-fills its queue instead).
+Provenance and upstream details: docs/baselines.md#moe-infinity.
 """
 
 from __future__ import annotations

@@ -3,31 +3,10 @@ in three phases: (I) ELB entries already resident are kept, (II) the highest-con
 are copied during drafting within the link's budget, (III) after drafting every remaining miss is
 fetched.
 
-Source: paper only (no public code found), Wang et al., "MoE-SpeQ: Speculative Quantized Decoding with
-Proactive Expert Prefetching and Offloading for Mixture-of-Experts", arXiv 2511.14102 (abstract and a
-third-party summary); MoE-SpAc Table 1 row "MoE-SpeQ".
-- ELB: MoE-SpeQ drafts with the target itself, its experts in INT4 (GPTQ, group 128), so the draft's
-  routing is the lookahead. The engine runs that self-draft's routing over the drafted tokens (signal
-  'self_draft_topk', moespac/engine/selfdraft.py; traces keep it with --self-draft-lookahead): for each
-  drafted token and MoE layer, the top-k of the target's router with INT4 experts. Confidence of (l, e) =
-  share of the ELB's tokens routed to e in layer l.
-- Phase I: resident ELB entries are marked as just used (LRU) so phase II does not evict them.
-  Phase II: missing entries in descending confidence, as many as floor(T_draft / t_io) copies
-  (T_draft = gamma * t_draft), priority = confidence. Phase III: what is still missing when a layer
-  starts is loaded on demand (plan_layer).
-- Memory split (the row, int4_resident=True): the self-draft's INT4 experts live on the device (it drafts
-  there), so the full-precision experts that verification runs get what is left of the run's memory:
-  capacity - ceil(L E x 4.5/16) slots (Policy.device_slots), at least one layer's E as staging. At Table 1's
-  25 % cache the INT4 copies alone exceed the budget, so verification fetches nearly everything it runs. The
-  INT4 copies' own placement is not modelled beyond their memory (they are taken as resident, as the draft's
-  cost is the dense draft's). int4_resident=False (a variant): the whole budget caches full-precision experts.
-- Cache: LRU (the paper's "cache saturation" rule is not specified further). All compute on the device.
-- elb=previous: the earlier stand-in (the previous target forward's routing as the ELB), for traces
-  recorded without the lookahead.
-Not modelled: the self-draft's own tokens, acceptance and cost (the pair's dense draft decides them, and
-its time is the copy window), GPTQ's error-compensating rounding (round-to-nearest INT4 instead), the
-buffer filling token by token (the simulator hands the whole ELB over at the draft's start), the
-amortisation governor choosing the draft length (the run fixes gamma), and token reordering in verification.
+Stand-in: the ELB is the routing of an INT4 self-draft pass of the target over the dense draft's tokens (signal
+'self_draft_topk'); elb=previous uses the previous target forward's. MoE-SpAc Table 1 row "MoE-SpeQ".
+
+Provenance and upstream details: docs/baselines.md#moe-speq.
 """
 
 from __future__ import annotations

@@ -2,42 +2,11 @@
 
 A reference point for the simulator only: it reads the request's whole future (signal 'future', given
 by `bind_trace` before `reset`), which no real run has, so in the engine `check_signals` fails naming it.
+With plan='best' (the default) the simulator replays several complete plans ('dynamic', 'hybrid',
+'hybrid-early', 'static', 'exact') and every request keeps the fastest. A strong reference, not a proven
+optimum; what is proved is in tests/test_sim_bounds.py.
 
-Five kinds of complete plan. With plan='best' (the default) the simulator replays up to seven of them and
-every request keeps the fastest: offline, a plan can be evaluated before committing to it (`offline_plans`,
-moespac/sim/replay.py). They are: 'dynamic' with eager lookahead prefetch, and on demand only with load
-credit; 'hybrid' with eager lookahead prefetch, and on demand only; 'hybrid-early' on demand only; 'static';
-and 'exact' when the cache is small enough for its search.
-- 'dynamic': furthest-next-use (Belady) eviction, lookahead prefetch and on-demand loads, starting from the
-  soonest-needed experts.
-  - Eviction: the candidate whose next use is furthest away (never used again first); ties go to the
-    expert that saves the least by running on the device, then to the one whose following use is furthest.
-  - Prefetch (`prefetch=True`): after each layer, ask for every non-resident expert used within the next
-    L layer visits (the requests of a layer expire when it starts, so nothing further is worth asking),
-    soonest first, restricted to the `capacity` experts with the soonest next use so a copy never evicts
-    an expert needed before the one it brings, and (costs bound, host allowed) to experts whose layer runs
-    faster with them on the device at that use (`_gain`: concurrency counts, not only device vs host time). With the step costs bound, a copy is asked for only if it surely
-    ends before its layer waits for it (behind every outstanding copy, within the fixed time until then), and
-    all requests share one priority (FIFO), so no later request delays an earlier one: no layer ever waits.
-    `eager=True` drops that check (a copy that makes its layer wait a little can still beat the host).
-  - Placement (`host=True` and costs bound): per layer, the device set of least layer time under the
-    simulator's own cost numbers, counting on-demand loads (baselines/_offline.py: every subset of up to
-    10 active experts, else prefixes of the most device-favoured); all-host is one of them. With
-    `host=False` every miss is loaded on demand (device only), like lru. `credit=True` charges a load
-    its copy time less what the copy saves at the expert's next use in this layer (capped at the copy time):
-    a load that pays off one step later is taken.
-- 'static' (needs the host): the resident set that never copies and minimises the request's expert time,
-  each layer splitting its active residents between device and host at its best. Exact when every layer
-  uses at most 10 experts in the request: then no policy that never copies is faster.
-- 'hybrid' (needs the host): 'dynamic', starting from the static plan's placement.
-- 'hybrid-early' (needs the host): 'dynamic', starting from the static placement of the request's first
-  half (a start that fits the beginning, then copies as the routing moves).
-- 'exact' (needs the host and a shared slot pool): the least-time plan that never prefetches, found by
-  dynamic programming over cache states (baselines/_exact.py); offered when the states are few enough
-  (`_exact.fits`): then no policy that only loads on demand (lru, lfu, Mixtral-Offloading, ...) is faster.
-
-It is a strong reference, not a proven optimum of the dynamic problem (a copy link beside concurrent
-device and host compute is a hard scheduling problem). What is proved is in tests/test_sim_bounds.py.
+Details: docs/baselines.md#offline-oracle.
 """
 
 from __future__ import annotations

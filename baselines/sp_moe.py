@@ -1,23 +1,10 @@
 """SP-MoE: while the draft model runs, predict the experts the verification pass will need and prefetch
 them for the first L* layers, L* the largest L with L*k*t_io <= T_draft; an LRU cache holds them.
 
-Source: paper only (no public code found), Chen et al., "SP-MoE: Speculative Decoding and Prefetching for
-Accelerating MoE-based Model Inference", arXiv 2510.10302 (abstract and a third-party reproduction);
-MoE-SpAc Table 1 row "SP-MoE".
-- Cutoff: L* = min(L, floor(T_draft / (k * t_io)), capacity // k), T_draft = gamma * t_draft (the
-  paper's memory bound L*k*M_expert <= free VRAM becomes L*k <= capacity). Layers 0..L*-1 get k
-  prefetches each, in layer order (earlier layers first). AR steps and prefill (gamma = 0) prefetch none.
-- Prediction (the row, predictor=draft-gates): SP-MoE runs the draft's hidden states through the target's
-  gates, which needs a draft whose structure matches the target (e.g. Mistral-7B for Mixtral). Our draft
-  is a dense model with no such mapping; the draft-phase signal the traces carry is the target's own
-  routers over the drafted tokens, with INT4 experts (signal 'self_draft_topk', the engine's self-draft
-  pass): per layer, the k experts those tokens name most. That is the stand-in, and it still differs: the
-  routers see the target's INT4 hidden states, not the draft's, so it is at least as good a prediction as
-  SP-MoE's. predictor=previous (a variant, for traces without the signal): the k experts of each layer most
-  used by the previous target forward, which with an LRU cache are mostly still resident, so it
-  approaches plain LRU.
-- Cache: global LRU (baselines/lru.py); prefetched experts count as just used. Misses load on demand;
-  all compute on the device.
+Stand-in: the prediction is the target's own routers over the drafted tokens with INT4 experts (signal
+'self_draft_topk'), not the draft's hidden states through the target's gates. MoE-SpAc Table 1 row "SP-MoE".
+
+Provenance and upstream details: docs/baselines.md#sp-moe.
 """
 
 from __future__ import annotations

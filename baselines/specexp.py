@@ -2,30 +2,11 @@
 a few rotating GPU buffer sets while layer l computes, and run the speculated experts (lossy): layer l+1's
 router is not consulted. Nothing is cached across forwards.
 
-Source: axonn-ai/yalis branch `offload_prefetch` at b1970f7881129d92448e2f83b0702fea48644b92:
-yalis/external/model.py (LLaMAMoE: the quasi hidden state, `use_prefetched` skips the real router),
-yalis/offloading/manager.py (CPUOffloadManager: `num_prefetch_layers` default 1, layer 0 fetched synchronously
-from its own router, `prefetch_layer`), yalis/offloading/buffer_manager.py (GPUBufferManager:
-`num_prefetch_layers + 1` buffer sets of a whole layer's experts each, rows copied again every forward, sets
-rotating as layer % sets); Madan et al., arXiv 2603.19289; MoE-SpAc Table 1 row "SpecExp".
+Stand-in: the recorded cross-layer router prediction (signal 'cross_layer_topk') replaces the quasi hidden
+state built from offline default vectors. `lossy_execution=False` (a variant) loads unspeculated experts on
+demand instead. MoE-SpAc Table 1 row "SpecExp".
 
-Modelled:
-- Buffers: (prefetch_layers + 1) x E device slots (Policy.device_slots), not the run's cache, replaced least
-  recently used. Decode copies k rows per token per layer, so a row survives to the next forward only if the
-  slots span a whole forward (2E >= L k); on every Table 1 model they do not, and every row is copied again,
-  as upstream copies it without checking. Prefill copies whole layers (upstream's `copy_all`).
-- Speculation: after layer l, the predicted experts of l+1 are prefetched (most-predicted first). Upstream
-  issues the copy after layer l's attention, before its experts; here the prediction is read after layer l
-  (the engine records it then), so the copy has less time to hide than upstream gives it.
-- Execution (the row, `lossy_execution=True`): layer 0 loads its routed experts; at every later layer the
-  speculated experts run, each routed expert that was not speculated has its tokens run by a speculated one
-  (LayerPlan.substitute) and nothing is loaded on demand except speculated experts whose prefetch the layer
-  overtook (upstream waits for them). describe(): routed experts of decode layers >= 1 that ran as
-  predicted, and those that ran as a substitute. The engine cannot run another expert's weights, so there a
-  substitute runs on the host (exact outputs, timing differs). `lossy_execution=False` (a variant, not the
-  row): routed experts that were not speculated are loaded on demand and the output is exact.
-Stand-in: the recorded cross-layer router prediction (signal 'cross_layer_topk', layer l+1's router on layer
-l's input) replaces the quasi hidden state built from offline default vectors.
+Provenance and upstream details: docs/baselines.md#specexp.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """vLLM `--cpu-offload-gb X`: the first X GiB of parameters live in host memory and are streamed to the
 GPU on every forward; the remaining layers are resident.
 
-Source: vllm-project/vllm `maybe_offload_to_cpu` (vllm/model_executor/models/utils.py, PR #6496; e.g. at
-commit 82fbeae92b): `make_layers` wraps the layers in order and offloads parameters until X bytes are
-reached, so the *first* layers are the offloaded ones (the brief said "first layers resident"; the code
-says the opposite, and we follow the code). V1 reads offloaded weights in place over UVA (zero-copy);
-older versions copied the layer's state dict to the GPU for each forward. Routing plays no part and there
-is no expert cache or CPU compute. MoE-SpAc Table 1 row "vLLM" (run with `--cpu-offload-gb 60`).
+Modelled with baselines/_common.StreamedLayers: the last layers resident, the offloaded layers' activated
+experts loaded on demand into a staging area and dropped after use. MoE-SpAc Table 1 row "vLLM".
 
-Modelled as (baselines/_common.StreamedLayers): the last `(capacity - staging) // E` layers resident; the
-offloaded layers' activated experts are loaded on demand into a staging area (default E slots: one
-layer, what the copying path needs) and dropped after use (least recently used staged expert is the
-victim). UVA zero-copy reads are thereby counted as copies of the routed experts (the spec infers, but
-did not verify, that the fused-MoE kernel touches only routed experts' slices). Not modelled: the newer
-`prefetch` offloader that copies the next layer ahead.
+Provenance and upstream details: docs/baselines.md#vllm-cpu-offload.
 """
 
 from __future__ import annotations

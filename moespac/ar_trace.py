@@ -1,17 +1,11 @@
 """The autoregressive trace of a speculative run: the target's routing of every token the run kept.
 
-A verify step of a batch-1 speculative run feeds the target [t, d1 .. d_gamma]: the last kept token and the
-drafts. Of those rows, the first `emitted` are the inputs of the tokens the step emits (t makes d1's slot, d1
-makes d2's, ..., d_m makes the bonus token), and an autoregressive run of the same tokens feeds the target
-exactly these inputs, one per step, over the same context. Attention is causal, so each such row's routing is
-the routing an AR step computes for it; only float rounding differs (one row against nine in a matmul), and
-that can swap two experts only where the router scores tie to rounding (`tests/test_ar_trace.py` measures it).
-The rejected drafts' rows are dropped, the prefill is kept as it is.
+Of a batch-1 verify step's rows, the first `emitted` are exactly the inputs an autoregressive run of the same
+tokens feeds the target over the same context, so their routing is the AR routing up to float rounding
+(`tests/test_ar_trace.py` measures it). The rejected drafts' rows are dropped, the prefill is kept as it is.
+One recording thus gives both traces of a (benchmark, length) pair; the trace says so (meta 'derived').
 
-So one recording gives both traces of a (benchmark, length) pair: the AR trace costs no engine run, and its
-cells replay the very tokens the speculative cells do. The tokens are a sample of the target (speculative
-sampling keeps the target's distribution), not the sample an AR run with the same seed would draw; the trace
-says so (meta 'derived').
+Details: docs/internals.md#moespacar_tracepy.
 """
 
 from __future__ import annotations

@@ -1,45 +1,11 @@
 """Turn per-token expert routing that a serving stack hands out into a moespac activation trace.
 
-Formats (`--format`):
+Formats (`--format`): `sglang`, SGLang responses carrying `meta_info.routed_experts` (a server launched with
+`--enable-return-routed-experts`); `jsonl`, ours, one JSON object per (request, token) for a vLLM or HF forward
+hook. A request's prompt tokens become one prefill step and its decoded tokens verify steps of gamma + 1 tokens
+(one-token AR steps at gamma 0), whose acceptances are modelled from the acceptance A.
 
-sglang  One SGLang response per line, as a user saves them (`json.dumps(response)`; a batched `/generate`
-        call's JSON list of responses may stand on one line), from a server launched with
-        `--enable-return-routed-experts`, each request carrying `"return_routed_experts": true`. Read:
-        - `meta_info.routed_experts`: base64 of the raw bytes of a C-order little-endian int32 array
-          [prompt_tokens + completion_tokens - 1, num_hidden_layers, num_experts_per_tok]: row p is the
-          routing of the token at position p, prompt first; the last emitted token never ran a forward, so it
-          has no row. Every decoder layer has a row slot (a dense layer's stays 0), so the array says nothing of
-          where layers end: the model spec (or --top-k) splits it. SGLang returns no router weights.
-        - `meta_info.prompt_tokens`, `completion_tokens`, `id`; and, from a server running speculative
-          decoding, `spec_accept_rate` (accepted / proposed drafts) and `spec_verify_ct` (verify forwards).
-        - OpenAI-compatible responses carry the same string as `sglext.routed_experts`, the counts in `usage`.
-        A request sent with `routed_experts_start_len` > 0 returns fewer rows and is refused.
-        Sources (sgl-project/sglang): python/sglang/srt/layers/moe/routed_experts_capturer.py @ d4d0fc58
-        (int32 host buffer [tokens, num_hidden_layers, num_experts_per_tok]; `get_routed_experts` returns the
-        rows of req_to_token[:seqlen - 1]; `extract_routed_experts_from_meta_info` decodes base64 -> int32);
-        managers/schedule_batch.py (`Req.seqlen` = len(origin_input_ids) + len(output_ids)); managers/
-        detokenizer_manager.py `_extract_routed_experts` and tokenizer_manager.py `_handle_batch_output`
-        (b64encode(tensor.numpy().tobytes()) into meta_info["routed_experts"]; `spec_*` fields); managers/
-        io_struct.py (`GenerateReqInput.return_routed_experts`, `routed_experts_start_len`). The expert
-        distribution recorder's per_token mode (eplb/expert_distribution.py @ 02295fe5) is not read: it
-        torch.saves `expert_distribution_recorder_{time}_{rank}.pt` with one record per forward pass
-        (input_ids, positions, extend_seq_lens, forward_mode, topk_ids_of_layer int32 [L, tokens, 8] of
-        physical ids, -1 padded) and last_physical_to_logical_map, but no request ids.
-
-jsonl   Ours, for a vLLM or HF forward hook: one JSON object per (request, token),
-            {"request": str | int, "token": int, "prefill": bool,
-             "layers": [[id, ...] per MoE layer], "weights": [[w, ...] per MoE layer]}
-        `token` is the position in the request, 0-based, prompt tokens first (`prefill: true`); `weights` is
-        optional (absent on every line: uniform 1/k). Lines of different requests may interleave; a request's
-        tokens come in order. Every line has the same layers and top-k.
-
-Step structure. A request's prompt tokens are one prefill step (it emits the first token). Its decoded tokens
-become, in order, verify steps of gamma + 1 tokens (the last one shorter), or one-token AR steps at gamma 0.
-Verify step j (0-based within its request) accepts a_j = floor((j + 1) A gamma + 1/2) - floor(j A gamma + 1/2)
-drafts and emits a_j + 1 tokens, A being the acceptance read as the decimal written: after n steps the request
-has accepted round(n A gamma) drafts, as close to A per drafted token as whole steps allow. Every row is a
-token the server decoded: the draft's rejected tokens are not in such a trace (the server never showed them),
-so a verify step's tokens stand for the tokens a verification ran, and its emitted count is modelled, not seen.
+Formats, sources and the step rule: docs/internals.md#moespacimport_tracepy.
 """
 
 from __future__ import annotations

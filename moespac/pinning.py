@@ -1,13 +1,12 @@
 """Pin the CPU kernels' instruction set, so that the study's weights, traces and replays are the same bits on
 every x86-64 machine with AVX2.
 
-torch (ATen's vectorised kernels), MKL's GEMM and numpy's ufuncs each pick their code path by the CPU they run
-on, and an AVX-512 path reduces in another order than the AVX2 one (measured on this project's tiny proxy:
-three different weight files from native AVX-512, ATEN_CPU_CAPABILITY=avx2 and MKL's own AVX-512 GEMM).
-Every library reads its switch once, at first use, so `pin()` runs when the `moespac` package is first
-imported, before anything imports torch or numpy; the rules and commands all import it first.
+torch, MKL and numpy each pick their code path by the CPU, and an AVX-512 path reduces in another order than
+the AVX2 one. Every library reads its switch once, at first use, so `pin()` runs when the `moespac` package is
+first imported, before anything imports torch or numpy. MOESPAC_NATIVE_KERNELS=1 leaves the libraries to
+choose (faster on AVX-512, not reproducible elsewhere).
 
-MOESPAC_NATIVE_KERNELS=1 leaves the libraries to choose (faster on AVX-512, not reproducible elsewhere).
+Details: docs/internals.md#moespacpinningpy.
 """
 
 from __future__ import annotations

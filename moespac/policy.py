@@ -1,23 +1,12 @@
 """The one scheduling interface: MoE-SpAc and every baseline implement it; the real engine and the
 simulator drive it the same way.
 
-The driver (engine or simulator) owns an `ExpertCache` (moespac/cache.py) and calls, per request:
+Per request the driver (engine or simulator, owning an `ExpertCache`) calls `reset(ctx)`, then per forward
+`begin_step`, per MoE layer `plan_layer` and `end_layer`, then `end_step`, and `victim` whenever a slot is
+needed and none is free; prefetch requests go to one priority queue served by the copy link. Every activated
+expert runs exactly once, on the device or the host; policies never touch tensors or clocks.
 
-    placement = policy.reset(ctx)                        # initial residency, bool [L, E]
-    for each forward (prefill, then each verify or AR step):
-        requests = policy.begin_step(step, cache)        # before drafting: the link is free (SP-MoE, MoE-SpeQ)
-        for layer in 0..L-1:                             # layer = index among MoE layers
-            (queued prefetches for `layer` are dropped: their deadline passed)
-            plan = policy.plan_layer(layer, counts, cache)   # counts[e] = routing entries naming e
-            ... loads in plan.load (blocking), device experts and plan.host experts run concurrently ...
-            requests = policy.end_layer(layer, counts, cache)
-        requests = policy.end_step(step, cache)
-    whenever a slot is needed and none is free: key = policy.victim(candidates, cache)
-
-Requests returned by any hook go to one priority queue served by the copy link (higher priority first,
-FIFO among equals). A request for layer l still queued when layer l starts is dropped.
-Every activated expert runs exactly once: on the device when resident (or loaded by the plan), else
-on the host. Policies never touch tensors or clocks, so the same object serves both drivers.
+The driver loop and the queue's rules: docs/internals.md#moespacpolicypy.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """MLflow ingest: every result record becomes one run per study that uses it, in a SQLite store.
 
-One serial step (the workflow's `log_mlflow` rule) does all the writing, so the store is created and
-migrated once and never raced. Experiments are per study (moespac/table1, moespac/sweep_K, ...) and a record
-that serves several studies is a run in each, so every experiment shows all of its cells. A run is found by
-its experiment and the tag `moespac.run_key` (the record's config hash): ingesting again skips a run whose
-record is unchanged and replaces one whose record changed. MLflow is for browsing, never an input of the build.
+One serial step (the workflow's `log_mlflow` rule) does all the writing. Experiments are per study
+(moespac/table1, moespac/sweep_K, ...); a run is found by its experiment and the tag `moespac.run_key` (the
+record's config hash), so ingesting again skips an unchanged record and replaces a changed one. MLflow is for
+browsing, never an input of the build.
 
-Run: params = the flattened config; metrics = one vocabulary for every record kind (the number a table reads
-has the table's name: `tokens_per_s`, `latency_s`, `acceptance_rate`, ...; a per-request summary is its mean,
-with its spread only when there is more than one request); tags = timing label, kind, study, hardware and
-model (named one way for every kind), benchmark, method, git commit, record path; start and end = when the
-run itself ran (a simulated record is timeless: the time its file was written); inputs = the prompt set
-(`mlflow.log_input`); artifacts = the record and, for engine runs that recorded a trace, the trace's summary.
-Tables and figures go to one run in moespac/outputs.
+What a run holds: docs/internals.md#moespactrackingpy.
 """
 
 from __future__ import annotations

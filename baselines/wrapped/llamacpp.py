@@ -2,13 +2,10 @@
 model (llama-speculative-simple, the server's drafting loop, or the older llama-speculative), routed experts
 kept on the host with `--cpu-moe` (the `-ot exps=CPU` override), greedy by default.
 
-Both systems see the same tokens: the benchmark prompt goes through the model's chat template here and the
-templated text is handed to llama.cpp as a raw prompt (`-f`, no escape processing, conversation mode and
-llama.cpp's own template off); the ids llama.cpp makes of it are checked against transformers' ids.
-Tokens/s and acceptance come from llama.cpp's own output (parse_speculative_output, parse_completion_output).
+The prompt is templated here and handed to llama.cpp as raw text; tokens/s and acceptance come from llama.cpp's
+own output (parse_speculative_output, parse_completion_output).
 
-On a CPU-only build every weight is on the host anyway, so `--cpu-moe` changes nothing there; on a CUDA
-build all layers go to the GPU (-ngl/-ngld all) and `--cpu-moe` keeps the routed experts on the host.
+Details: docs/baselines.md#llamacpp-wrapped.
 """
 
 from __future__ import annotations

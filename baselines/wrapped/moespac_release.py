@@ -1,17 +1,11 @@
 """MoE-SpAc as released by its authors: the llama.cpp fork github.com/lshAlgorithm/MoE-SpAc, so our
 reimplementation can be set against the authors' code on the same GPU.
 
-The release builds with CUDA only, hard-codes the model's shape (NLAYERS 48, NEXPERTS 128 in
-ggml/src/ggml-backend.cpp: Qwen3-30B-A3B, the paper's target) and needs a GGUF written by its own
-converter, which adds the duplicated "prefetch" expert slab. Its README runs `llama-speculative` with the
-routed experts on the host (`-ot "\\.ffn_(up|down|gate)_exps=CPU"`) and `--draft 8`.
+Where CUDA, nvcc or github.com is missing, or the model's shape is not the one the release hard-codes
+(Qwen3-30B-A3B), the run writes a record with `skipped: true` and the reason and exits 0.
+UNTESTED: the clone/build/convert/run path has never executed.
 
-Where CUDA, nvcc or github.com is missing, or the model's shape is not the one the release hard-codes,
-the run writes a record with `skipped: true` and the reason and exits 0.
-
-UNTESTED: the clone/build/convert/run path has never executed (written on a machine without CUDA or
-access to github.com). It follows the release's README; the fork is an older llama.cpp, so its flags
-(`--draft`) differ from upstream's, and all layers but the experts go to the GPU (-ngl/-ngld 99).
+Details: docs/baselines.md#moe-spac-release-wrapped.
 """
 
 from __future__ import annotations

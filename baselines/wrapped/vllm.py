@@ -3,11 +3,9 @@ sampling (`SamplingParams(temperature=T, seed=..., ignore_eos=...)`).
 
 CUDA only: where torch sees no CUDA GPU, or vLLM is not installed, the run writes a record with
 `skipped: true` and the reason, and exits 0 so the pipeline goes on.
+UNTESTED: the code path that runs vLLM has never executed.
 
-UNTESTED: the code path that runs vLLM has never executed (written on a machine without CUDA). It uses
-vLLM's Python API (`LLM(..., cpu_offload_gb=X)`, optionally `speculative_config` with the draft model),
-feeds the same prompt ids as our engine, and times each request with a wall clock: prefill as a
-one-token generation of the same prompt, decode as the rest (the `vllm bench latency` way of splitting).
+Details: docs/baselines.md#vllm-wrapped.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from moespac.iopaths import IO
 def register(sub) -> None:
     p = sub.add_parser("import-trace", help="turn SGLang's returned routed experts (or our plain JSONL) into a trace",
                        description=__doc__.splitlines()[0],
-                       epilog="Formats and the step rule: moespac/import_trace.py; the workflow: README, "
+                       epilog="Formats and the step rule: docs/internals.md (moespac/import_trace.py); the workflow: README, "
                               "'Bring your own routing'.")
     p.add_argument("file", metavar="FILE", help="JSONL: SGLang responses, one per line, or our plain records")
     p.add_argument("--format", required=True, choices=["sglang", "jsonl"],

@@ -1,15 +1,10 @@
 """The few device primitives the engine uses, behind one interface, so that a CPU runs the path a GPU runs.
 
-Two streams (COMPUTE and COPY), events recorded on them, a stream waiting for an event, the host waiting
-for one, and exactly sized pinned host blocks. On CUDA these are torch.cuda streams, events and
-cudaHostRegister'd memory. On a CPU a stand-in keeps the same semantics; its operations complete when they
-are issued, so nothing is ever really in flight there.
+Two streams (COMPUTE and COPY), events, stream and host waits, and exactly sized pinned host blocks: torch.cuda
+on CUDA, a stand-in with the same semantics on a CPU. Both drive one OrderChecker, which follows slot copies and
+slot reads with vector clocks, so a missing wait is caught on a CPU too.
 
-Both drive one OrderChecker, which follows every copy into a device slot and every slot read by compute
-with vector clocks, as a GPU would order them: a read must be ordered after the copy that filled its slot,
-and a copy after every earlier read of its slot, through an event a stream waited for or the host
-synchronised on. Program order alone is not enough (it is not on a GPU), so a missing wait is caught on a
-CPU too.
+Details: docs/internals.md#moespacenginedevicepy.
 """
 
 from __future__ import annotations

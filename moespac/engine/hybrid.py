@@ -1,15 +1,11 @@
 """Hybrid device/host expert execution, registered in transformers' ExpertsInterface.
 
-`HybridRuntime(model, policy, config, device)` takes the routed experts out of the model into an
-ExpertStore, moves the rest of the model to `device`, registers the experts implementation
-`moespac_hybrid` and switches the model to it (no model code is edited). For every MoE layer and forward
-it asks the policy which activated experts run on the device (resident in the slot pool, or loaded on
-demand) and which on the host, runs the device part as one grouped call over the slot pool and the host
-part as one grouped call over the host weights, and merges them in a fixed order. A copy worker thread
-serves the prefetch queue on the copy stream. `close()` gives the model back as it came.
+`HybridRuntime(model, policy, config, device)` takes the routed experts out of the model into an ExpertStore
+and switches the model to the experts implementation `moespac_hybrid` (no model code is edited). Per MoE layer
+and forward it asks the policy which activated experts run on the device and which on the host, runs each part
+as one grouped call and merges them in a fixed order. `close()` gives the model back as it came.
 
-One path on every device: the few device primitives sit behind moespac.engine.device (torch.cuda on a GPU,
-a checked stand-in on a CPU), so the CPU tests run what a GPU runs.
+Details: docs/internals.md#moespacenginehybridpy.
 """
 
 from __future__ import annotations

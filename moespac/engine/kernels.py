@@ -1,13 +1,11 @@
 """Routed-expert math as transformers' experts classes define it, over any stack of expert weights.
 
-A transformers experts module (decorated with `use_experts_implementation`) says how its experts compute:
-a gated `gate_up_proj` or a plain `up_proj`, optional biases, weights stored [E, out, in] or transposed
-[E, in, out], its own `_apply_gate` (which also handles interleaved gate/up layouts) and an optional post-
-expert norm. `ExpertLayout` reads that once; `grouped_experts` then runs rows sorted by group through any
-stack of weights with those names: the host store (group = expert id) or the device slot pool (group =
-slot). One grouped matmul per projection where torch has the kernel for the device and dtype, else one
-matmul per non-empty group. Either way a group's rows are computed by the same call wherever they run, so
-the device/host split never changes the numbers on a CPU.
+`ExpertLayout` reads once how a transformers experts module computes; `grouped_experts` then runs rows sorted
+by group through any stack of weights with those names: the host store (group = expert id) or the device slot
+pool (group = slot). A group's rows are computed by the same call wherever they run, so the device/host split
+never changes the numbers on a CPU.
+
+Details: docs/internals.md#moespacenginekernelspy.
 """
 
 from __future__ import annotations

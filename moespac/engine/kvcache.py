@@ -1,18 +1,10 @@
 """A causal LM over a batch with its KV cache, as speculative decoding needs it.
 
-- The model makes its own cache on the first forward (some architectures need their own cache class); it
-  then goes in under the keyword the model's forward takes (`cache` in newer transformers 5 releases,
-  `past_key_values` before): an unknown keyword would be swallowed by **kwargs and a new cache started.
-- Sequences of a batch accept different numbers of drafts, so the cache columns are shared while
-  `valid[b, c]` says whether column c belongs to sequence b (rejected drafts and padding do not). Columns
-  past every sequence's last valid one are cropped for real; holes are masked out and compacted away when
-  they pile up. With batch 1 this is an exact crop and no mask holes.
-- Layers with recurrent state (linear attention, e.g. Qwen3.5's Gated DeltaNet) cannot be cropped: before
-  a forward whose tokens may be rejected, `checkpoint()` copies those states; `keep()` then rolls back to
-  the checkpoint when any token of it is dropped, and the tokens that were kept are fed again with the
-  next forward (they are pending once more). Batch 1 only.
-- `lean=True`: at batch 1, a Llama-family decoder runs through moespac.engine.lean (the same arithmetic on the
-  model's weights, its own small cache) instead of transformers' modules; other models run as above.
+Sequences of a batch share the cache columns, and `valid[b, c]` says which belong to sequence b; rejected drafts
+are cropped or masked out (an exact crop at batch 1). Layers with recurrent state roll back to a `checkpoint()`
+(batch 1 only). `lean=True` runs a Llama-family decoder at batch 1 through moespac.engine.lean.
+
+Details: docs/internals.md#moespacenginekvcachepy.
 """
 
 from __future__ import annotations

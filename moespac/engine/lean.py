@@ -1,19 +1,11 @@
 """A lean forward for Llama-family decoders at batch size 1: the arithmetic of transformers' modules on the
 model's own weights, without the per-module Python around it.
 
-Why: a speculative step runs the draft gamma times and the target once, and on small models transformers'
-module dispatch, mask construction, output capturing and wrappers cost more than the arithmetic (measured on
-the proxy pair: 0.6 ms per one-token draft forward through the modules, 0.35 ms here). This path issues the
-same operators in the same order as transformers' Qwen3 / Qwen2 / Llama / Mistral decoders (RMSNorm in
-float32, rotary from the model's own `inv_freq`, SDPA, SwiGLU); a layer whose MLP is not a plain SwiGLU of
-plain linears (a routed MoE block: Qwen3-MoE, Qwen2-MoE, Mixtral) runs its own `mlp` module, so the engine's
-hybrid experts and their hooks run exactly as inside transformers' forward. At batch size 1 the engine crops
-the KV cache exactly, so no mask is needed beyond causality.
+It issues the same operators in the same order as transformers' Qwen3 / Qwen2 / Llama / Mistral decoders; a
+routed MoE block runs its own `mlp` module, so the engine's hybrid experts run as inside transformers' forward.
+Anything it does not know runs through transformers as before: `lean_forward(model)` returns None then.
 
-Anything it does not know (another architecture, quantised or replaced linears, sliding windows, dynamic rope,
-linear-attention layers) runs through transformers as before: `lean_forward(model)` returns None then.
-tests/test_lean_forward.py holds its logits to transformers' own, step by step, with crops in between, and the
-engine's lossless tests hold its greedy output to transformers' `generate()`.
+Details: docs/internals.md#moespacengineleanpy.
 """
 
 from __future__ import annotations

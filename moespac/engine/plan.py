@@ -1,16 +1,10 @@
 """The memory plan: what a run needs on the device and on the host, from the model configs alone.
 
-Each model is built on the meta device (shapes, no weights), so a 230B model is planned in a second. Device:
-the target's non-expert weights, the draft, the KV cache at the run's context and batch (and recurrent
-state), a workspace, and the expert slot pool. Host: the expert store (one block per MoE layer, as
-ExpertStore allocates it) and the peak while loading (the target as transformers loads it on the host,
-plus the one layer block being copied before its original is freed). The plan chooses the slot count that
-fits the device budget, checks an explicit --cache-ratio / --cache-gib against it, and refuses before
-anything is loaded, in one line, saying what does not fit and by how much.
+Each model is built on the meta device (shapes, no weights). The plan chooses the slot count that fits the
+device budget, checks an explicit --cache-ratio / --cache-gib against it, and refuses before anything is
+loaded, in one line, saying what does not fit and by how much.
 
-Weights count at the dtype the engine loads them in: the checkpoint's (bf16 for the paper's models), FP8
-Linear weights of an FP8 checkpoint at one byte plus their block scales, except routed experts, which the
-engine runs in float and so plans dequantized to bf16 (it refuses quantized experts).
+Details: docs/internals.md#moespacengineplanpy.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """MoE-SpeQ's self-draft, as a lookahead instrument: the target with INT4 experts routes the drafted tokens.
 
-MoE-SpeQ drafts with the target itself: its routed experts quantised to INT4 (GPTQ, group 128), router,
-attention and shared experts in full precision, the KV cache shared with the target. While it drafts, its
-routing says which experts the verification will need (the Expert Lookahead Buffer). Our pairs draft with a
-dense model, whose tokens (and acceptance) we keep; `SelfDraftExperts` lets the runtime run the target once
-more over those drafted tokens with INT4 experts, and the routing of that pass is what MoE-SpeQ's self-draft
-would have seen for them (moespac.engine.hybrid, `HybridRuntime.lookahead`).
+`SelfDraftExperts` lets the runtime run the target once more over the dense draft's tokens with its routed
+experts quantised to INT4 (round-to-nearest, groups of 128 input columns); the routing of that pass is what
+MoE-SpeQ's self-draft would have seen (moespac.engine.hybrid, `HybridRuntime.lookahead`).
 
-- Quantisation: symmetric round-to-nearest INT4 per group of 128 input columns of each weight matrix
-  (GPTQ's group size; GPTQ's error-compensating rounding is not reproduced, so this routing strays from the
-  full-precision one at least as often as GPTQ's would). Biases stay exact.
-- A layer's experts are quantised together when the layer is first run, and kept packed on the host (about a
-  quarter of their full-precision bytes, as MoE-SpeQ's INT4 draft experts are); a pass dequantises only the
-  experts it routes to.
+Details: docs/internals.md#moespacengineselfdraftpy.
 """
 
 from __future__ import annotations

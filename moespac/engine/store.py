@@ -1,19 +1,11 @@
 """Expert weights out of the model: host copies of every routed expert, and the device slot pool.
 
-`ExpertStore(experts, capacity, device)` takes the routed expert tensors out of the model's experts
-modules, the same way on every device: layer by layer, into one exactly sized host block per layer (page-
-locked on CUDA) whose views replace nothing in the model (its experts become empty placeholders), so the
-host never holds two full copies of the experts. `restore()` puts them back where they were, so the model
-works again after the runtime closes and a second runtime can be built on it.
+`ExpertStore(experts, capacity, device)` moves the routed expert tensors into one exactly sized host block per
+layer (page-locked on CUDA), so the host never holds two full copies; `restore()` puts them back. A copy into a
+slot runs on the copy stream with no host wait. transfer_scale < 1 (Fate's INT4 row) copies experts as INT4,
+dequantised into the slot on arrival.
 
-A copy into a slot runs on the copy stream after the last compute that read the slot (`read_done`), and
-records the slot's `ready` event that compute waits for: no host wait anywhere on that path.
-
-transfer_scale < 1 (Fate's INT4 row: policy.transfer_scale = 4.5 / 16) copies experts as INT4: every
-weight row (output channel) is quantised symmetrically to 4 bits once on the host, two values a byte, and
-dequantised into the slot on arrival, so device-resident experts are genuinely lossy (host ones are not).
-A copy counts transfer_scale of an expert's bytes (the policy's format, scales included), as the simulator
-counts it, whatever this per-row packing takes.
+Details: docs/internals.md#moespacenginestorepy.
 """
 
 from __future__ import annotations

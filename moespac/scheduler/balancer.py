@@ -1,23 +1,11 @@
 """Heterogeneous Workload Balancer: the integer threshold tau per layer (paper Sec 3.3, App C).
 
-For tau = 1..K (all at once, all layers at once):
-    T_cpu(tau) = r_c(tau) * tokens * k * t_cpu        r_c: share of (token, expert) pairs left to the host
-    T_gpu(tau) = r_g(tau) * b * t_gpu                 r_g: share of the b distinct activated experts on device
-    (tokens = gamma x batch as the paper writes, b = distinct experts of the layer's previous step)
-    n(tau)     = experts with u >= tau not resident   (what the prefetcher would copy)
-    I/O:     t_io * n(tau) <= T_total(tau) + gamma * t_draft / L,   T_total = t_layer + max(T_cpu, T_gpu)
-    memory:  n(tau) <= free slots + evictable residents (utility below their layer's threshold)
-    tau = argmin over feasible tau of |T_cpu - T_gpu| (ties: the smaller tau, which prefetches more).
-n(tau) falls and the memory slack grows with tau, but the I/O budget moves with max(T_cpu, T_gpu), so the
-feasible set need not be an interval: all K candidates are checked. When none is feasible the fallback
-is tau = K, the threshold that asks for the fewest copies [inferred; the paper gives no fallback].
-r_c and r_g are learned online per layer by replaying each step's activations against the utilities
-the step started with (what tau would have put on the device): plain means for `warmup_steps` steps,
-then a moving average with weight `rate_decay` [inferred from "learned from a warm up test", App C.1].
+For tau = 1..K: T_cpu = r_c * tokens * k * t_cpu, T_gpu = r_g * b * t_gpu, n(tau) = experts with u >= tau not
+resident; tau is feasible if t_io * n(tau) <= t_layer + max(T_cpu, T_gpu) + gamma * t_draft / L (I/O) and
+n(tau) <= free slots + evictable residents (memory). tau = argmin over feasible tau of |T_cpu - T_gpu| (ties:
+the smaller tau), else K. r_c and r_g are learned online per layer; both run every step as numba loops.
 
-Both run every step, so they are compiled loops (numba): `observe` collects the step's shares (`_shares`)
-and then does the warm-up arithmetic (`_learn`, what the paper's 4.31 ns per layer times); the float64
-operations are numpy's, in numpy's order, so the decisions equal the numpy formulation's exactly.
+Definitions, the [inferred] points and the numba loops: docs/internals.md#moespacschedulerbalancerpy.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Speculative Utility Estimator: one small state machine per (layer, expert), updated with numpy.
 
-u in {0..K} follows the inertial transition of paper Eq. 5 with delta = f - u (the code's definition,
-gb.cpp:817-827): up one level if delta >= theta_up, else down one if -delta >= theta_down (up is checked
-first). With calibration on, the boundaries follow a moving average of the positive / negative
-fluctuations, theta += lam * (|delta| - theta), and never go below `floor` [inferred reconstruction of the
-missing Algorithm 1].
+u in {0..K} follows the inertial transition of paper Eq. 5 with delta = f - u (the code's definition): up one
+level if delta >= theta_up, else down one if -delta >= theta_down. With calibration on, the boundaries follow a
+moving average of the fluctuations [inferred]. The boundary rounding is a choice ('round', the default). State
+is uint8 / uint16 fixed point; the update runs as numba loops equal to the numpy formulation's bit for bit.
 
-Rounding: delta is an integer, so comparing it with a float boundary means comparing with ceil(theta).
-Then an expert that goes idle at utility u sees delta = -u every step, theta_down (an average of
-magnitudes <= u that started at floor(gamma/2) > u) approaches u from above and never reaches it: the
-expert stays hot forever. Comparing with the boundary rounded to the nearest integer ('round', our
-default) lets it decay once theta_down < u + 0.5; 'none' keeps the float comparison, 'floor' rounds
-down. Fixed integer boundaries (released code, w/o AdaBC) behave the same under all three.
-
-State: u as uint8 and each boundary as uint16 fixed point in units of 1/SCALE (theta < 512, resolution
-1/128), 30 KB for 48 x 128 experts (the paper reports "approximately 30 KB"). Fixed point makes the
-comparisons exact (delta * SCALE + offset > q) and avoids float16, whose conversions cost more than the
-update itself; each calibration step computes in float32 and rounds to the nearest 1/SCALE (half to even).
-
-Speed: the policy updates one layer at a time, 48 times a step, so the cost is the call, not the arithmetic:
-the transition and the calibration are compiled loops (numba, cached on disk), with the float32 operations
-in numpy's order (no fused multiply-add), so the states equal the numpy formulation's bit for bit.
+Rounding, fixed point and speed: docs/internals.md#moespacschedulerestimatorpy.
 """
 
 from __future__ import annotations

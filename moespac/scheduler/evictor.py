@@ -1,23 +1,10 @@
 """Utility-guided eviction pool: device-resident experts ordered by (utility, layer, expert).
 
-The victim is the lowest (u, eid) resident candidate whose utility is below its layer's threshold, ties
-to the lowest eid = layer * E + expert, as the released code's std::set of (state, eid) orders them
-[code gb.cpp:893-896, 1212-1229].
+The victim is the lowest (u, eid) resident candidate whose utility is below its layer's threshold, ties to the
+lowest eid = layer * E + expert, as the released code orders them. One bitset per utility level makes a search
+at most K + 1 vectorised numpy passes; a search removes nothing. The key is always the current utility.
 
-Structure: one bitset per utility level, level[v, eid] = (u[eid] == v), over all experts (residency
-comes with the candidates and the last sync). A search visits the levels below the largest threshold in
-order and takes the lowest set bit of level[v] & candidates, masked to layers whose tau exceeds v (a
-numpy argmax over a bool array stops at the first True); re-keying an expert moves one bit. So a search
-is at most K + 1 vectorised passes over N = L x E bytes instead of the paper's O(log N) ordered set: in
-Python every step of a heap or tree is an interpreted operation (~0.3-1 us), and the lazy heap this
-replaces also popped and re-pushed every frozen or locally hot entry on each call, while a pass over
-6144 bytes is one numpy call of about a microsecond. A search removes nothing: the driver evicts the
-victim and the next sync sees it gone.
-
-The pool keys experts by the estimator's current utility. The released code instead drops every
-resident of a layer to state 0 after the layer runs and re-promotes it when the estimator's request
-is popped [code gb.cpp:1237-1266]; in between it can evict an expert it is about to re-promote (the
-authors' own TODO). We skip that transient window: the key is always the current utility.
+The structure and the released code's transient window: docs/internals.md#moespacschedulerevictorpy.
 """
 
 from __future__ import annotations

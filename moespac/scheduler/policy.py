@@ -1,20 +1,11 @@
 """MoE-SpAc as a moespac Policy: estimator + balancer + utility prefetch queue + utility eviction pool.
 
-How the pieces map onto the driver's hooks (moespac/policy.py):
-- begin_step: the balancer decides tau for every layer in one vectorised call. Deciding all layers here,
-  rather than one layer inside each end_layer, keeps the per-step cost to one numpy call and runs while
-  the draft is being made (the paper overlaps threshold selection with GPU work); the price is that
-  layer l's tau sees the utilities of the previous step, not the ones layer l is about to update.
-- plan_layer: the base LayerPlan(): resident experts run on the device, the rest on the host; MoE-SpAc
-  never loads on demand [code gb.cpp:1108-1133].
-- end_layer(l): update layer l's utilities from the step's counts, then ask for layer l's experts with
-  u >= tau[l] that are neither resident nor loading, as Prefetch(priority=u). The driver's queue serves
-  the highest priority first and FIFO within a priority, so levels K..tau are popped in layer order, and
-  it drops layer l's leftovers when layer l starts: the paper's multi-level queue [code gb.cpp:706-800].
-- end_step: the balancer learns r_c, r_g from the step. With update_at='step' or count_mode='accepted'
-  (the accepted tokens are known only after verification) every layer is updated and asks for its
-  prefetches here instead, in one vectorised call.
-- victim: the lowest (utility, eid) resident whose utility is below its layer's tau; None otherwise.
+Hooks (moespac/policy.py): begin_step decides tau for every layer at once; plan_layer runs resident experts on
+the device and the rest on the host (never loads on demand); end_layer(l) updates layer l's utilities and asks
+for its experts with u >= tau[l] as Prefetch(priority=u); end_step lets the balancer learn r_c, r_g; victim is
+the lowest (utility, eid) resident whose utility is below its layer's tau.
+
+Trade-offs and released-code references: docs/internals.md#moespacschedulerpolicypy.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Infinite-cache bound: a time no policy can beat on the same trace, profile and draft.
 
-Everything resident, no copies, no stalls, and each layer's experts split between device and host in the
-best possible way, relaxed to fractions of an expert (a linear program, so the integer optimum of any
-policy is at least this). Per layer with device times d_e, host times h_e, the host side's fixed x (its
-call and the hidden transfer) and the device call y:
+Everything resident, no copies, no stalls, and each layer's experts split between device and host in the best
+possible way, relaxed to fractions of an expert (a linear program solved by fractional knapsack), so the
+integer optimum of any policy is at least this. Step time = draft + L * attention + other + the layers' bounds.
 
-    concurrent (GPU + CPU):  min( y + sum d,  sum h + x,  min_f max(y + sum f_e d_e, sum (1-f_e) h_e + x) )
-    serial (device = CPU):   min( y + sum d,  sum h + x,  x + y + sum min(d_e, h_e) )
-
-The first terms are "all on the device" and "all on the host"; the fractional split is solved by sorting
-experts by d_e / h_e (fractional knapsack). Draft, attention and the rest of the forward are the same for
-every policy, so step time = draft + L * attention + other + sum over layers of the above.
+Formulas: docs/internals.md#moespacsimboundspy.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Cost model: seconds for each piece of work, from a hardware profile and model specs.
 
-Every kernel is priced as max(bytes / bandwidth, flops / peak) + launches x overhead: a roofline with
-a fixed cost per operator. Nothing here is fitted to the paper; the only constants are structural
-counts (operators per call, per expert, per layer) and the activation width, each explained where defined.
+Every kernel is priced as max(bytes / bandwidth, flops / peak) + launches x overhead: a roofline with a fixed
+cost per operator. Nothing here is fitted to the paper. The structure is this engine's (moespac/engine/hybrid.py):
+per MoE layer one device call and one host call; every policy is priced on that one substrate.
 
-The structure is this engine's (moespac/engine/hybrid.py): per MoE layer one device call and one host call,
-each with a fixed cost paid only when it has experts, overlapped on a GPU and one after the other when the
-device is the CPU. Every policy is priced on that one substrate, so a row named after another system is its
-placement and copies on this engine. Where a native engine differs: llama.cpp runs a layer's CPU experts as
-one ggml mul_mat_id per projection (no per-expert operator), its copies are weight-buffer uploads issued by
-the scheduler rather than by Python, and its sampling loop is C++ (no draft_token / step software cost).
+Where a native engine differs: docs/internals.md#moespacsimcostpy.
 """
 
 from __future__ import annotations

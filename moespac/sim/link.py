@@ -1,13 +1,11 @@
 """The host -> device copy link in simulated time, with the engine's semantics.
 
-One copy at a time. Whenever the link is idle it serves the PrefetchQueue (highest priority first, FIFO
-among equals): pop -> skip if resident or loading -> cache.reserve (the policy picks a victim; a refusal
-is counted) -> copy for `t_copy` -> cache.commit. On-demand loads wait for the copy in flight, then go
-before any queued prefetch.
+One copy at a time: whenever idle it serves the PrefetchQueue (highest priority first, FIFO among equals);
+on-demand loads wait for the copy in flight, then go before any queued prefetch. Events are processed lazily:
+`advance(now)` plays every copy start and completion up to `now`, and the driver calls it before anything
+reads or changes the cache, queue or policy.
 
-Events are processed lazily: `advance(now)` plays every copy start and completion up to `now`. The driver
-calls it before anything reads or changes the cache, queue or policy, so a copy that starts at t < now
-sees exactly the state the engine would have had at t (nothing else happens between driver events).
+Details: docs/internals.md#moespacsimlinkpy.
 """
 
 from __future__ import annotations

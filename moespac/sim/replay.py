@@ -1,21 +1,11 @@
 """Discrete-event replay of a trace through a Policy, with the engine's semantics and simulated time.
 
-Per step (prefill, verify or AR forward), as moespac/engine drives it:
-  begin_step -> draft phase (gamma draft forwards; the link keeps copying meanwhile) -> for each MoE layer:
-  attention; drop the layer's queued prefetches; wait for an in-flight copy of the layer; plan_layer;
-  blocking on-demand loads; device and host experts concurrently, each side as one call with a fixed
-  cost (layer expert time = max(device call + device experts, host call + hidden transfer + host experts),
-  or their sum when the device is the host CPU); end_layer
-  -> the rest of the forward (dense layers, LM head) -> end_step.
-The same Policy objects, ExpertCache and PrefetchQueue as the engine are used; only time is simulated.
+Per step (prefill, verify or AR forward) it drives the policy as moespac/engine does, with the same Policy
+objects, ExpertCache and PrefetchQueue; only time is simulated. Copies move `policy.transfer_scale` times an
+expert's bytes. Requests start cold by default (policy.reset and a new cache per request); `warm_cache=True`
+keeps cache, policy state and link across requests.
 
-Copies move `policy.transfer_scale` times an expert's bytes and take that share of a copy's time (Fate's
-INT4 copies: 4.5/16; the link latency is scaled with the rest, as the profile's copy time is one figure).
-`warmup_counts` (see `warmup_window`) is handed to every request's PolicyContext as that signal.
-
-Requests (steps['step_request']) start cold by default: policy.reset and a new cache per request, as the
-engine's start_request does, so each request's numbers do not depend on which request ran before.
-`warm_cache=True` keeps cache, policy state and link across requests (a serving process).
+The step sequence, copy scaling and warm-up counts: docs/internals.md#moespacsimreplaypy.
 """
 
 from __future__ import annotations
