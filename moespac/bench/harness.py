@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -311,97 +311,186 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
     calls ('warmup_counts': Fiddler's popularity profile; as one activation matrix, MoE-Infinity's collection).
     With no warm-up calls, a policy that reads a profile gets the counts of one prefill, run once untimed.
     """
-    from tqdm import tqdm
-
-    from moespac.engine import speculative
-    from moespac.engine.session import EngineConfig, EngineSession
     from moespac.models.registry import spec_from_config
-    from moespac.sim.replay import warmup_window
+
+    tcfg = prep.trace_config
+    session = _open_session(cfg, prep)
+    try:
+        run, items = _start_run(cfg, session, tcfg, prompts)
+        spec = spec_from_config(session.target.config, name=tcfg["target_id"]).to_dict()
+        warmup = _warm_up(run, spec, items, others)
+        session.record(spec, meta=dict(target=prep.target, draft=prep.draft, gamma=run.gamma,
+                                       batch_size=cfg.batch_size, policy=_engine_policy(cfg)),
+                       self_draft=cfg.self_draft_lookahead)
+        _run_prompts(run, items, f"bench {tcfg['benchmark']}", progress)
+        policy_stats = session.runtime.stats()["policy_stats"]
+        trace = session.finish_trace(trace_id=bench_trace_id(tcfg), bench=dict(
+            config=tcfg, prompts=len(prompts), rows=run.rows, skipped=run.skipped, proxy=[p.proxy for p in prompts]))
+    finally:
+        session.close()
+    return trace, run.calls, policy_stats, warmup, _memory_summary(session.plan)
+
+
+@dataclass
+class _EngineRun:
+    """What the steps of one engine run share: the session, the decoding settings, and what its calls produced."""
+
+    cfg: BenchConfig
+    session: object
+    """The open moespac.engine.session.EngineSession."""
+    gamma: int
+    context: int
+    """The target's positions: a prompt, its new tokens and a verify pass's overrun must fit in them."""
+    skipped: list
+    """Prompts and later turns that do not fit ({id, reason}); the trace keeps them."""
+    warmup_counts: np.ndarray | None
+    """The 'warmup_counts' signal of every call: zeros during the warm-up (nothing seen yet), then its window
+    (None when the warm-up routed nothing)."""
+    rows: list = field(default_factory=list)
+    """One per request (a prompt at one turn): its facts."""
+    calls: list = field(default_factory=list)
+    """One per measured engine call: its timing and cache counters."""
+
+    @property
+    def measured(self) -> bool:
+        return self.cfg.timing == "measured"
+
+
+def _engine_policy(cfg: BenchConfig) -> str:
+    return cfg.policy if cfg.timing == "measured" else TRACE_POLICY
+
+
+def _open_session(cfg: BenchConfig, prep: Prepared):
+    """The engine session of the run; a simulated run's engine only records the trace (no device cache)."""
+    from moespac.engine.session import EngineConfig, EngineSession
 
     measured = cfg.timing == "measured"
-    engine_policy = cfg.policy if measured else TRACE_POLICY
-    tcfg = prep.trace_config
-    gamma = tcfg["gamma"]
-    session = EngineSession.open(EngineConfig(
+    return EngineSession.open(EngineConfig(
         target=prep.target, draft=prep.draft, dtype=cfg.dtype, device=cfg.device,
-        trust_remote_code=cfg.trust_remote_code, policy=engine_policy,
+        trust_remote_code=cfg.trust_remote_code, policy=_engine_policy(cfg),
         cache_ratio=cfg.cache_ratio if measured else 0.0, cache_gib=cfg.cache_gib if measured else None,
         per_layer=cfg.per_layer, copy_mode=cfg.copy_mode, context=cfg.max_new_tokens + 2048,
-        batch_size=cfg.batch_size, gamma=gamma))
-    target, tok, runtime = session.target, session.tokenizer, session.runtime
-    context = int(getattr(target.config, "max_position_embeddings", 0) or 2**31)
-    items, skipped = fit_prompts(prompts, tok, context, cfg.max_new_tokens, gamma)
+        batch_size=cfg.batch_size, gamma=prep.trace_config["gamma"]))
+
+
+def _start_run(cfg: BenchConfig, session, tcfg: dict, prompts: list) -> tuple[_EngineRun, list]:
+    """(the run's shared state, the (prompt, ids) pairs that fit the target's context); none fitting is an error."""
+    gamma = tcfg["gamma"]
+    context = int(getattr(session.target.config, "max_position_embeddings", 0) or 2**31)
+    items, skipped = fit_prompts(prompts, session.tokenizer, context, cfg.max_new_tokens, gamma)
     if not items:
-        session.close()
         raise MoespacError(f"benchmark {tcfg['benchmark']!r}: all {len(prompts)} prompts were skipped "
                            f"(first: {skipped[0]['reason']})")
     topo = session.topology
-    warm = [np.zeros((topo.num_layers, topo.num_experts), np.int64)]  # 'warmup_counts': none seen during warm-up
+    none_seen = np.zeros((topo.num_layers, topo.num_experts), np.int64)
+    return _EngineRun(cfg, session, gamma, context, skipped, warmup_counts=none_seen), items
 
-    def call(batch: list[list[int]], request: int, max_new_tokens: int = cfg.max_new_tokens):
-        sampling = speculative.Sampling(temperature=cfg.temperature, seed=cfg.seed + max(request, 0))
-        return session.generate(batch, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, request=request,
-                                ignore_eos=cfg.ignore_eos, warmup_counts=warm[0], max_batch=cfg.batch_size,
-                                history=None if warm[0] is None or not warm[0].any() else warm[0][None])
 
-    rows, calls = [], []
+def _call(run: _EngineRun, batch: list[list[int]], request: int, max_new_tokens: int | None = None):
+    """One engine call (request -1: a warm-up call) -> (results, runtime stats); each request samples with its
+    own seed."""
+    from moespac.engine.speculative import Sampling
 
-    def run_turns(group: list) -> None:
-        """Every turn of a batch of prompts, one engine call per turn (later turns carry the earlier answers)."""
-        answers = {p.id: [] for p, _ in group}
-        pending, turn = group, 1
-        while pending:
-            results, stats = call([ids for _, ids in pending], len(calls))
-            calls.append(dict(call=len(calls), size=len(pending), prefill_s=results[0].prefill_s,
-                              decode_s=results[0].decode_s, draft_s=results[0].draft_s, target_s=results[0].target_s,
-                              # the self-draft pass ran (the trace keeps it, or the policy reads it): its time
-                              **({"lookahead_s": results[0].lookahead_s} if results[0].lookahead_s else {}),
-                              counters={k: int(stats[k]) for k in COUNTERS}))
-            for (p, _), r in zip(pending, results):
-                rows.append(dict(id=p.id if turn == 1 else f"{p.id}#{turn}", prompt_id=p.id, turn=turn,
-                                 call=calls[-1]["call"], prompt_tokens=r.prompt_tokens, new_tokens=len(r.tokens),
-                                 steps=r.steps, drafted=r.drafted, accepted=r.accepted, rejected=r.rejected,
-                                 eos=bool(not cfg.ignore_eos and r.tokens[-1] == tok.eos_token_id)))
-                answers[p.id].append(tok.decode(r.tokens, skip_special_tokens=True))
-            pending, turn = next_turn(pending, answers, turn, cfg, tok, context, gamma, skipped), turn + 1
+    cfg, counts = run.cfg, run.warmup_counts
+    sampling = Sampling(temperature=cfg.temperature, seed=cfg.seed + max(request, 0))
+    return run.session.generate(
+        batch, gamma=run.gamma, max_new_tokens=cfg.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        sampling=sampling, request=request, ignore_eos=cfg.ignore_eos, warmup_counts=counts,
+        max_batch=cfg.batch_size, history=None if counts is None or not counts.any() else counts[None])
 
-    try:
-        spec = spec_from_config(target.config, name=tcfg["target_id"]).to_dict()
-        session.record(spec, cross_layer=False)  # the warm-up's routing, for 'warmup_counts'
-        spare = fit_prompts(list(others)[:max(cfg.warmup, 1) * cfg.batch_size], tok, context, cfg.max_new_tokens,
-                            gamma)[0] if measured else []
-        pool, whose = (spare, "other prompts, not measured") if spare else (items, "measured prompts: no other")
-        used = []
-        for w in range(cfg.warmup if measured else 0):
-            batch = [pool[(w * cfg.batch_size + j) % len(pool)] for j in range(min(cfg.batch_size, len(pool)))]
-            call([ids for _, ids in batch], -1)
-            used += [p.id for p, _ in batch]
-        source = f"{cfg.warmup} warm-up call(s) on {whose}"
-        if measured and not cfg.warmup and runtime.policy.uses_profile():
-            call([ids for _, ids in pool[:cfg.batch_size]], -1, max_new_tokens=1)  # prefill only
-            used += [p.id for p, _ in pool[:cfg.batch_size]]
-            source = f"one prefill on {whose}, run once untimed (warmup 0)"
-        seen = session.finish_trace()
-        warm[0], warmup = None, None
-        if seen.num_steps:
-            warm[0], warmup = warmup_window(seen.counts(), seen.steps["step_request"])
-            warmup = dict(warmup, source=source, prompts=list(dict.fromkeys(used)))
-        session.record(spec, meta=dict(target=prep.target, draft=prep.draft, gamma=gamma, batch_size=cfg.batch_size,
-                                       policy=engine_policy), self_draft=cfg.self_draft_lookahead)
-        with tqdm(total=len(items), unit="prompt", desc=f"bench {tcfg['benchmark']}", leave=False,
-                  disable=not progress, file=sys.stderr, mininterval=1.0) as bar:
-            for start in range(0, len(items), cfg.batch_size):
-                run_turns(items[start:start + cfg.batch_size])
-                bar.update(min(cfg.batch_size, len(items) - start))
-        policy_stats = runtime.stats()["policy_stats"]
-        trace = session.finish_trace(trace_id=bench_trace_id(tcfg), bench=dict(
-            config=tcfg, prompts=len(prompts), rows=rows, skipped=skipped, proxy=[p.proxy for p in prompts]))
-    finally:
-        session.close()
-    plan = session.plan
-    memory = None if plan is None else dict(slots=plan.slots, cache_ratio=plan.cache_ratio, chosen=plan.requested,
-                                            device_bytes=plan.device_total, host_peak_bytes=plan.host_peak)
-    return trace, calls, policy_stats, warmup, memory
+
+def _warm_up(run: _EngineRun, spec: dict, items: list, others) -> dict | None:
+    """Run the warm-up calls in a trace of their own: its routing sets the 'warmup_counts' signal of the calls
+    that follow. Returns the signal's window (None when the warm-up routed nothing)."""
+    from moespac.sim.replay import warmup_window
+
+    run.session.record(spec, cross_layer=False)
+    used, source = _warm_up_calls(run, *_warm_up_pool(run, items, others))
+    seen = run.session.finish_trace()
+    run.warmup_counts, warmup = None, None
+    if seen.num_steps:
+        run.warmup_counts, warmup = warmup_window(seen.counts(), seen.steps["step_request"])
+        warmup = dict(warmup, source=source, prompts=list(dict.fromkeys(used)))
+    return warmup
+
+
+def _warm_up_pool(run: _EngineRun, items: list, others) -> tuple[list, str]:
+    """(the prompts the warm-up draws from, how to name them): unmeasured prompts that fit, else the measured."""
+    cfg = run.cfg
+    spare = fit_prompts(list(others)[:max(cfg.warmup, 1) * cfg.batch_size], run.session.tokenizer, run.context,
+                        cfg.max_new_tokens, run.gamma)[0] if run.measured else []
+    return (spare, "other prompts, not measured") if spare else (items, "measured prompts: no other")
+
+
+def _warm_up_calls(run: _EngineRun, pool: list, whose: str) -> tuple[list, str]:
+    """The warm-up calls of a measured run, cycling through `pool` -> (prompt ids used, the source's wording).
+    Without any, a policy that reads a profile still gets one untimed prefill."""
+    cfg, used = run.cfg, []
+    for w in range(cfg.warmup if run.measured else 0):
+        batch = [pool[(w * cfg.batch_size + j) % len(pool)] for j in range(min(cfg.batch_size, len(pool)))]
+        _call(run, [ids for _, ids in batch], -1)
+        used += [p.id for p, _ in batch]
+    source = f"{cfg.warmup} warm-up call(s) on {whose}"
+    if run.measured and not cfg.warmup and run.session.runtime.policy.uses_profile():
+        batch = pool[:cfg.batch_size]
+        _call(run, [ids for _, ids in batch], -1, max_new_tokens=1)  # prefill only
+        used += [p.id for p, _ in batch]
+        source = f"one prefill on {whose}, run once untimed (warmup 0)"
+    return used, source
+
+
+def _run_prompts(run: _EngineRun, items: list, desc: str, progress: bool) -> None:
+    """Every measured prompt, batch_size at a time, behind a progress bar (on stderr; off with progress=False)."""
+    from tqdm import tqdm
+
+    size = run.cfg.batch_size
+    with tqdm(total=len(items), unit="prompt", desc=desc, leave=False, disable=not progress, file=sys.stderr,
+              mininterval=1.0) as bar:
+        for start in range(0, len(items), size):
+            _run_turns(run, items[start:start + size])
+            bar.update(min(size, len(items) - start))
+
+
+def _run_turns(run: _EngineRun, group: list) -> None:
+    """Every turn of a batch of prompts, one engine call per turn (later turns carry the earlier answers)."""
+    tok = run.session.tokenizer
+    answers = {p.id: [] for p, _ in group}
+    pending, turn = group, 1
+    while pending:
+        index = len(run.calls)
+        results, stats = _call(run, [ids for _, ids in pending], index)
+        run.calls.append(_call_facts(index, len(pending), results[0], stats))
+        for (p, _), r in zip(pending, results):
+            run.rows.append(_request_facts(run, p.id, turn, index, r))
+            answers[p.id].append(tok.decode(r.tokens, skip_special_tokens=True))
+        pending = next_turn(pending, answers, turn, run.cfg, tok, run.context, run.gamma, run.skipped)
+        turn += 1
+
+
+def _call_facts(index: int, size: int, first, stats: dict) -> dict:
+    """One engine call's record: its timing (every sequence of a batch shares it) and cache counters."""
+    return dict(call=index, size=size, prefill_s=first.prefill_s, decode_s=first.decode_s, draft_s=first.draft_s,
+                target_s=first.target_s,
+                # the self-draft pass ran (the trace keeps it, or the policy reads it): its time
+                **({"lookahead_s": first.lookahead_s} if first.lookahead_s else {}),
+                counters={k: int(stats[k]) for k in COUNTERS})
+
+
+def _request_facts(run: _EngineRun, prompt_id: str, turn: int, call: int, r) -> dict:
+    """One request's row: a prompt at one turn (later turns are named id#turn) and its decoding facts."""
+    eos = run.session.tokenizer.eos_token_id
+    return dict(id=prompt_id if turn == 1 else f"{prompt_id}#{turn}", prompt_id=prompt_id, turn=turn, call=call,
+                prompt_tokens=r.prompt_tokens, new_tokens=len(r.tokens), steps=r.steps, drafted=r.drafted,
+                accepted=r.accepted, rejected=r.rejected,
+                eos=bool(not run.cfg.ignore_eos and r.tokens[-1] == eos))
+
+
+def _memory_summary(plan) -> dict | None:
+    """The engine's memory plan in the record (None: no plan, e.g. a trace-only run)."""
+    if plan is None:
+        return None
+    return dict(slots=plan.slots, cache_ratio=plan.cache_ratio, chosen=plan.requested,
+                device_bytes=plan.device_total, host_peak_bytes=plan.host_peak)
 
 
 def fit_prompts(prompts, tokenizer, context: int, max_new_tokens: int, gamma: int):

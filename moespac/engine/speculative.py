@@ -154,138 +154,210 @@ def generate_batch(target, prompts: list[list[int]], *, draft=None, gamma: int =
         raise MoespacError(f"max_new_tokens {max_new_tokens} must be >= 1")
     check_batch(prompts, max_batch, getattr(target.config, "max_position_embeddings", None), max_new_tokens,
                 gamma if draft is not None else 0)
-    B = len(prompts)
-    tgt = CachedModel(target, B, lean=True)
-    dft = CachedModel(draft, B, lean=True) if draft is not None else None
-    gen = torch.Generator(device=tgt.device).manual_seed(sampling.seed)  # where the probabilities are
-    results = [GenerationResult(tokens=[], prompt_tokens=len(p)) for p in prompts]
-    seqs = [list(p) for p in prompts]
-    live = list(range(B))  # batch row -> request index
+    tgt = CachedModel(target, len(prompts), lean=True)
+    state = _Batch(
+        tgt=tgt, dft=CachedModel(draft, len(prompts), lean=True) if draft is not None else None,
+        seqs=[list(p) for p in prompts], results=[GenerationResult(tokens=[], prompt_tokens=len(p)) for p in prompts],
+        live=list(range(len(prompts))),
+        gen=torch.Generator(device=tgt.device).manual_seed(sampling.seed),  # where the probabilities are
+        sampling=sampling, runtime=runtime, request=request, gamma=gamma, max_new_tokens=max_new_tokens,
+        stop_token=None if ignore_eos else eos_token_id)
+    prefill_s = _prefill(state)
+    decode_step = _ar_step if state.dft is None else _speculative_step
+    t_start, step = time.perf_counter(), 0
+    while _drop_finished(state):
+        step += 1
+        decode_step(state, step)
+    decode_s = time.perf_counter() - t_start - state.lookahead_s
+    for r in state.results:
+        r.prefill_s, r.decode_s, r.lookahead_s = prefill_s, decode_s, state.lookahead_s
+    return state.results
 
-    def choose(logits: torch.Tensor) -> int:
-        if sampling.greedy:
+
+@dataclass
+class _Batch:
+    """What one generate_batch call works on: both models' caches, every request's tokens and counters, and
+    which requests are still in the batch."""
+
+    tgt: CachedModel
+    dft: CachedModel | None
+    seqs: list[list[int]]
+    """Prompt + generated tokens of every request."""
+    results: list[GenerationResult]
+    live: list[int]
+    """Batch row -> request index of the sequences still generating."""
+    gen: torch.Generator
+    """One generator for draft sampling and acceptance alike: the order of its draws is part of the output."""
+    sampling: Sampling
+    runtime: object | None
+    request: int
+    gamma: int
+    max_new_tokens: int
+    stop_token: int | None
+    """EOS, or None when generation ignores it."""
+    lookahead_s: float = 0.0
+
+    @property
+    def wants_lookahead(self) -> bool:
+        return self.runtime is not None and self.runtime.wants_lookahead
+
+    def begin(self, index: int, kind: str, num_tokens: int, gamma: int = 0, **signals) -> None:
+        """Tell the runtime (if any) that a target forward begins; `signals` join the request's index."""
+        if self.runtime is not None:
+            self.runtime.begin_step(StepInfo(index=index, kind=kind, num_tokens=num_tokens, gamma=gamma,
+                                             signals={"request": self.request, **signals}))
+
+    def end(self, accepted: int, emitted: int) -> None:
+        if self.runtime is not None:
+            self.runtime.end_step(accepted, emitted)
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The next token from one row of target logits."""
+        if self.sampling.greedy:
             return int(torch.argmax(logits))
-        return draw(sampling.probs(logits), gen)
+        return draw(self.sampling.probs(logits), self.gen)
 
-    def finished(i: int) -> bool:
-        r = results[i]
-        return len(r.tokens) >= max_new_tokens or (not ignore_eos and eos_token_id is not None and r.tokens[-1] == eos_token_id)
+    def emit(self, i: int, tokens: list[int]) -> None:
+        self.seqs[i].extend(tokens)
+        self.results[i].tokens.extend(tokens)
 
-    def info(index, kind, n, g):
-        return StepInfo(index=index, kind=kind, num_tokens=n, gamma=g, signals={"request": request})
+    def finished(self, i: int) -> bool:
+        tokens = self.results[i].tokens
+        return len(tokens) >= self.max_new_tokens or (self.stop_token is not None and tokens[-1] == self.stop_token)
 
-    # prefill: every prompt in one target forward, each emitting its first token
+    def pending(self, model: CachedModel, drafts: list[list[int]] | None = None) -> list[list[int]]:
+        """Per live row, the tokens (and drafts) that `model`'s cache has not seen yet."""
+        return [(self.seqs[i] + (drafts[row] if drafts is not None else []))[int(model.lengths[row]):]
+                for row, i in enumerate(self.live)]
+
+
+def _prefill(state: _Batch) -> float:
+    """Every prompt in one target forward, each emitting its first token; returns the prefill time."""
     t0 = time.perf_counter()
-    if runtime is not None:
-        runtime.begin_step(info(0, "prefill", B * max(map(len, prompts)), 0))
-    logits = tgt.forward(seqs)[:, -1]
-    for b in range(B):
-        tok = choose(logits[b])
-        seqs[b].append(tok)
-        results[b].tokens.append(tok)
-    _sync(target)
+    state.begin(0, "prefill", len(state.seqs) * max(map(len, state.seqs)))
+    logits = state.tgt.forward(state.seqs)[:, -1]
+    for b in range(len(state.seqs)):
+        state.emit(b, [state.choose(logits[b])])
+    _sync(state.tgt.model)
     prefill_s = time.perf_counter() - t0
-    if runtime is not None:
-        runtime.end_step(0, B)
+    state.end(0, len(state.seqs))
+    return prefill_s
 
-    t_start, step, lookahead_s = time.perf_counter(), 0, 0.0
-    while True:
-        keep_rows = [row for row, i in enumerate(live) if not finished(i)]
-        if not keep_rows:
-            break
-        if len(keep_rows) < len(live):
-            tgt.select(keep_rows)
-            if dft is not None:
-                dft.select(keep_rows)
-            live = [live[row] for row in keep_rows]
-        n, step = len(live), step + 1
-        tgt_pending = [seqs[i][int(tgt.lengths[row]):] for row, i in enumerate(live)]
-        if dft is None:  # autoregressive: one token per sequence per target forward
-            if runtime is not None:
-                runtime.begin_step(info(step, "ar", n, 0))
-            t1 = time.perf_counter()
-            logits = tgt.forward(tgt_pending)[:, -1]
-            for row, i in enumerate(live):
-                tok = choose(logits[row])
-                seqs[i].append(tok)
-                results[i].tokens.append(tok)
-                results[i].steps += 1
-            _sync(target)
-            dt = time.perf_counter() - t1
-            for i in live:
-                results[i].target_s += dt
-            if runtime is not None:
-                runtime.end_step(0, n)
-            continue
-        width = max(map(len, tgt_pending))
-        lookahead = runtime is not None and runtime.wants_lookahead
-        if runtime is not None and not lookahead:
-            runtime.begin_step(info(step, "verify", n * (width + gamma), gamma))
-        # draft phase: gamma tokens for every live sequence
-        t1 = time.perf_counter()
-        dft.checkpoint()
-        drafts = [[] for _ in live]
-        qs = [[] for _ in live]
-        for _ in range(gamma):
-            dl = dft.forward([(seqs[i] + drafts[row])[int(dft.lengths[row]):] for row, i in enumerate(live)],
-                             last_only=True)[:, -1]
-            for row in range(n):
-                if sampling.greedy:
-                    drafts[row].append(int(torch.argmax(dl[row])))
-                else:
-                    q = sampling.probs(dl[row]).to(tgt.device)
-                    qs[row].append(q)
-                    drafts[row].append(draw(q, gen))
-        _sync(draft)
-        t_drafted = time.perf_counter()
-        if lookahead:  # the ELB needs the drafted tokens: this step begins once it is known (see self_draft_rows)
-            t_la = t_drafted
-            verify = info(step, "verify", n * (width + gamma), gamma)
-            verify.signals["self_draft_topk"] = self_draft_rows(runtime, tgt, tgt_pending, drafts, width + gamma)
-            _sync(target)
-            lookahead_s += time.perf_counter() - t_la
-            runtime.begin_step(verify)
-        t2 = time.perf_counter()
-        # verify phase: pending + gamma drafts of every sequence in one target forward
-        tgt.checkpoint()
-        logits = tgt.forward([tgt_pending[row] + drafts[row] for row in range(n)])[:, -(gamma + 1):]
-        accepted, emitted, keep_t, keep_d = 0, 0, [], []
-        for row, i in enumerate(live):
-            d = torch.tensor(drafts[row])
-            if sampling.greedy:
-                m, nxt = greedy_accept(torch.argmax(logits[row], dim=-1).cpu(), d)
+
+def _drop_finished(state: _Batch) -> bool:
+    """Take finished sequences out of the batch (and both caches); False when none is left."""
+    keep_rows = [row for row, i in enumerate(state.live) if not state.finished(i)]
+    if keep_rows and len(keep_rows) < len(state.live):
+        state.tgt.select(keep_rows)
+        if state.dft is not None:
+            state.dft.select(keep_rows)
+        state.live = [state.live[row] for row in keep_rows]
+    return bool(keep_rows)
+
+
+def _ar_step(state: _Batch, step: int) -> None:
+    """Autoregressive: one token per sequence per target forward."""
+    n = len(state.live)
+    pending = state.pending(state.tgt)
+    state.begin(step, "ar", n)
+    t1 = time.perf_counter()
+    logits = state.tgt.forward(pending)[:, -1]
+    for row, i in enumerate(state.live):
+        state.emit(i, [state.choose(logits[row])])
+        state.results[i].steps += 1
+    _sync(state.tgt.model)
+    dt = time.perf_counter() - t1
+    for i in state.live:
+        state.results[i].target_s += dt
+    state.end(0, n)
+
+
+def _speculative_step(state: _Batch, step: int) -> None:
+    """Draft gamma tokens per sequence, then verify them all in one target forward."""
+    n, gamma = len(state.live), state.gamma
+    pending = state.pending(state.tgt)
+    width = max(map(len, pending)) + gamma  # columns of the verify pass
+    lookahead = state.wants_lookahead
+    if not lookahead:
+        state.begin(step, "verify", n * width, gamma)
+    t1 = time.perf_counter()
+    drafts, qs = _draft(state)
+    t_drafted = time.perf_counter()
+    if lookahead:  # the ELB needs the drafted tokens: this step begins once they are known (see self_draft_rows)
+        rows = self_draft_rows(state.runtime, state.tgt, pending, drafts, width)
+        _sync(state.tgt.model)
+        state.lookahead_s += time.perf_counter() - t_drafted
+        state.begin(step, "verify", n * width, gamma, self_draft_topk=rows)
+    t2 = time.perf_counter()
+    accepted, emitted = _verify(state, pending, drafts, qs)
+    t3 = time.perf_counter()
+    for i in state.live:
+        state.results[i].draft_s += t_drafted - t1
+        state.results[i].target_s += t3 - t2
+    state.end(accepted, emitted)
+
+
+def _draft(state: _Batch) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
+    """gamma draft tokens for every live sequence -> (drafts, their draft distributions; empty when greedy)."""
+    state.dft.checkpoint()
+    drafts = [[] for _ in state.live]
+    qs = [[] for _ in state.live]
+    for _ in range(state.gamma):
+        logits = state.dft.forward(state.pending(state.dft, drafts), last_only=True)[:, -1]
+        for row in range(len(state.live)):
+            if state.sampling.greedy:
+                drafts[row].append(int(torch.argmax(logits[row])))
             else:
-                m, nxt = stochastic_accept(sampling.probs(logits[row]), torch.stack(qs[row]), d, gen)
-            base = len(seqs[i])
-            keep_t.append(base + m)  # target cache keeps seq + accepted drafts
-            keep_d.append(min(int(dft.lengths[row]), base + m))
-            new = drafts[row][:m] + [nxt]
-            if not ignore_eos and eos_token_id is not None and eos_token_id in new:
-                new = new[:new.index(eos_token_id) + 1]
-            new = new[:max_new_tokens - len(results[i].tokens)]
-            seqs[i].extend(new)
-            r = results[i]
-            r.tokens.extend(new)
-            r.steps += 1
-            r.drafted += gamma
-            r.accepted += m
-            r.rejected += int(m < len(drafts[row]))
-            r.accepted_per_step.append(m)
-            accepted += m
-            emitted += len(new)
-        tgt.keep(keep_t)
-        dft.keep(keep_d)
-        _sync(target)
-        t3 = time.perf_counter()
-        for i in live:
-            results[i].draft_s += t_drafted - t1
-            results[i].target_s += t3 - t2
-        if runtime is not None:
-            runtime.end_step(accepted, emitted)
-    decode_s = time.perf_counter() - t_start - lookahead_s
-    for r in results:
-        r.prefill_s, r.decode_s, r.lookahead_s = prefill_s, decode_s, lookahead_s
-    return results
+                q = state.sampling.probs(logits[row]).to(state.tgt.device)
+                qs[row].append(q)
+                drafts[row].append(draw(q, state.gen))
+    _sync(state.dft.model)
+    return drafts, qs
+
+
+def _verify(state: _Batch, pending: list[list[int]], drafts: list[list[int]], qs: list[list[torch.Tensor]]):
+    """Pending tokens + drafts of every sequence in one target forward; each sequence keeps its accepted prefix
+    and both caches are cropped to it. Returns (accepted, emitted) summed over the batch."""
+    state.tgt.checkpoint()
+    logits = state.tgt.forward([p + d for p, d in zip(pending, drafts)])[:, -(state.gamma + 1):]
+    accepted, emitted, keep_t, keep_d = 0, 0, [], []
+    for row, i in enumerate(state.live):
+        m, nxt = _accept(state, logits[row], drafts[row], qs[row])
+        base = len(state.seqs[i])
+        keep_t.append(base + m)  # target cache keeps seq + accepted drafts
+        keep_d.append(min(int(state.dft.lengths[row]), base + m))
+        new = _cut(state, i, drafts[row][:m] + [nxt])
+        state.emit(i, new)
+        _count_verify(state.results[i], m, len(drafts[row]), state.gamma)
+        accepted += m
+        emitted += len(new)
+    state.tgt.keep(keep_t)
+    state.dft.keep(keep_d)
+    _sync(state.tgt.model)
+    return accepted, emitted
+
+
+def _accept(state: _Batch, logits: torch.Tensor, drafts: list[int], qs: list[torch.Tensor]) -> tuple[int, int]:
+    """One sequence's accepted draft count and the token that follows them."""
+    d = torch.tensor(drafts)
+    if state.sampling.greedy:
+        return greedy_accept(torch.argmax(logits, dim=-1).cpu(), d)
+    return stochastic_accept(state.sampling.probs(logits), torch.stack(qs), d, state.gen)
+
+
+def _cut(state: _Batch, i: int, new: list[int]) -> list[int]:
+    """New tokens of request i up to its stop token and within its length cap."""
+    if state.stop_token is not None and state.stop_token in new:
+        new = new[:new.index(state.stop_token) + 1]
+    return new[:state.max_new_tokens - len(state.results[i].tokens)]
+
+
+def _count_verify(r: GenerationResult, m: int, drafted: int, gamma: int) -> None:
+    r.steps += 1
+    r.drafted += gamma
+    r.accepted += m
+    r.rejected += int(m < drafted)
+    r.accepted_per_step.append(m)
 
 
 def self_draft_rows(runtime, tgt: CachedModel, pending: list[list[int]], drafts: list[list[int]], width: int):
