@@ -217,12 +217,16 @@ def test_the_consistency_verdict_calls_where_the_headline_holds_and_what_moves_i
     assert pts[0]["vs"] == pytest.approx(0.25) and pts[0]["vs_lossless"] == pytest.approx(-0.2)
     assert pts[1]["ahead"] == 2 and pts[2]["vs_lossless"] == pytest.approx(-0.5)  # Fate is lossy: never the bar
     text = verdict(record)
-    assert "reaches the paper's size at 1 of 3 points" in text and "at 1 of 3 points (closest: +20.0 % at slow host)" in text
-    assert "gain over llama.cpp-w/ SD most is the host memory bandwidth (+25.0 % to +87.5 %)" in text
-    assert "gap to the best lossless baseline most is the host memory bandwidth (-20.0 % to +20.0 %)" in text
-    assert "holds at some point of it" in text
+    assert "reaching the paper's size at 1 of 3 points" in text and "at 1 of 3 points (closest: +20.0 % at slow host)" in text
+    assert "the host memory bandwidth (+25.0 % to +87.5 %) moves it most" in text
+    assert "the host memory bandwidth (-20.0 % to +20.0 %) moves that gap most" in text
+    assert "direction over llama.cpp-w/ SD holds across the range" in text and "holds at some point of the range" in text
     nowhere = verdict(_sweep_record([(None, "inferred host", 55e9, base), ("host_flops", "big", 5e12, base)]))
     assert "holds nowhere in it" in nowhere and "at 0 of 2 points" in nowhere
+    # a study without llama.cpp-w/ SD (the tiny one) checks only the second half, and says so
+    no_sd = {k: v for k, v in base.items() if k != "llamacpp-sd"}
+    half = verdict(_sweep_record([(None, "inferred host", 55e9, no_sd), ("host_flops", "big", 5e12, no_sd)]))
+    assert "llama.cpp-w/ SD was not replayed" in half and "holds nowhere in it" in half
 
 
 def test_the_host_sweep_moves_one_parameter_per_point_and_keeps_the_rest(tmp_path):

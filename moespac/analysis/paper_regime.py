@@ -117,8 +117,8 @@ def plot(record: dict, prefix) -> list:
     df = frame(record).dropna(subset=["paper_tps"])
     df = df[df["hardware"] == record["config"]["hardware"]]  # the sourced profile; the inferred: consistency.png
     fig, (ax,) = figure(width=5.2, height=4.4)
-    for label, part in df.groupby("label", sort=False):
-        ax.scatter(part["paper_tps"], part["tps"], label=label, s=22)
+    for (label, part), (color, marker) in zip(df.groupby("label", sort=False), style.looks(df["label"].nunique())):
+        ax.scatter(part["paper_tps"], part["tps"], label=label, s=22, color=color, marker=marker)
     top = float(max(df["paper_tps"].max(), df["tps"].max())) * 1.08 if len(df) else 1.0
     ax.plot([0, top], [0, top], color="0.5", linestyle=":", linewidth=1)
     ax.set_xlim(0, top)

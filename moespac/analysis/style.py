@@ -59,6 +59,12 @@ def palette(n: int) -> list:
     return sns.color_palette(n_colors=max(n, 1))
 
 
+def looks(n: int) -> list[tuple]:
+    """n distinct (colour, marker) pairs: the palette has 10 colours, so past them the marker tells series apart."""
+    colours, markers = palette(min(n, 10)), "osD^vPX*"
+    return [(colours[i % len(colours)], markers[(i // len(colours) + i) % len(markers)]) for i in range(max(n, 1))]
+
+
 def footnote(fig, text: str, y: float = -0.02) -> None:
     """A note under the figure (its top at `y`, in figure fraction), wrapped to the figure's width (matplotlib's
     own wrap clips at a tight bounding box)."""
