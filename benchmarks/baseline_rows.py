@@ -46,7 +46,7 @@ def table1_cells(results: Path, pair: str, spec: str, draft: bool):
 
 def paper_regime_cells(spec: str, draft: bool, requests: int, new_tokens: int):
     """(benchmark, SimConfig kwargs, trace) on the paper-regime traces the `paper_regime` rule replays."""
-    from moespac.models.registry import get_spec
+    from moespac.models.specs import get_spec
     from moespac.sim import paper_regime as pr
 
     model = get_spec("qwen3-30b-a3b")

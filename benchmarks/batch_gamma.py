@@ -22,7 +22,7 @@ from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
 from moespac.engine.speculative import generate_batch
 from moespac.errors import MoespacError
 from moespac.models.loading import load_pair
-from moespac.models.registry import spec_from_config
+from moespac.models.specs import spec_from_config
 from moespac.reference import read_reference
 from moespac.registry import make_policy
 from moespac.sim.simulate import SimConfig, simulate

@@ -164,7 +164,7 @@ def full_size(lines, size: dict, device: str, out_dir: Path) -> dict:
     from moespac.engine.plan import model_shape, plan_memory
     from moespac.engine.session import EngineConfig, EngineSession, host_memory_gib
     from moespac.engine.speculative import Sampling
-    from moespac.models.registry import spec_from_config
+    from moespac.models.specs import spec_from_config
     from moespac.registry import make_policy
     from moespac.atomic import write_text
     from moespac.sim.calibrate import CalibrationConfig, calibrate

@@ -24,7 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
-from moespac.models.registry import get_spec
+from moespac.models.specs import get_spec
 from moespac.policy import Topology
 from moespac.registry import make_policy
 from moespac.sim.cost import CostModel

@@ -24,7 +24,7 @@ import numpy as np
 
 from moespac.errors import MoespacError, check_unit_interval
 from moespac.hashing import stable_hash
-from moespac.models.registry import ModelSpec
+from moespac.models.specs import ModelSpec
 from moespac.policy import Topology
 from moespac.trace import _STEP_ARRAYS, KINDS, SCHEMA_VERSION, Trace
 

@@ -84,8 +84,8 @@ def _is_summary(v) -> bool:
 def metrics_of(record: dict, row: dict | None = None) -> dict[str, float]:
     """Finite numbers of `metrics` (booleans and per-request lists left out): a per-request summary is logged
     as its mean under its own name (its spread as NAME.std, ... when n > 1), and for a benchmark cell (`row`,
-    from moespac.analysis.records) the numbers its table reads under the table's names."""
-    from moespac.analysis.records import WRAPPED_METRICS
+    from moespac.analysis.rows) the numbers its table reads under the table's names."""
+    from moespac.analysis.rows import WRAPPED_METRICS
 
     out = {}
 
@@ -123,13 +123,13 @@ def content_hash(path) -> str:
 
 def table_row(record: dict, path) -> dict | None:
     """The table row of a benchmark cell (bench and wrapped records); None for the other kinds."""
-    from moespac.analysis.records import record_row
+    from moespac.analysis.rows import record_row
 
     return record_row(path, record) if record["kind"] in ("bench", "wrapped") else None
 
 
 def tags_of(record: dict, path, study: str, studies: list[str], row: dict | None) -> dict[str, str]:
-    from moespac.analysis.records import machine_name
+    from moespac.analysis.rows import machine_name
 
     env = record.get("environment") or {}
     tags = {KEY_TAG: run_key(record), CONTENT_TAG: content_hash(path), "moespac.timing": record["timing"],
@@ -355,7 +355,7 @@ def _lock_path(uri: str, artifact_root: str) -> Path:
 
 def _read(path: str, summary: IngestSummary) -> dict | None:
     """The record at `path` if it is one to load; otherwise None, with the reason noted (and printed, one line)."""
-    from moespac.bench.records import validate_record
+    from moespac.bench.record_files import validate_record
 
     try:
         record = json.loads(Path(path).read_text())

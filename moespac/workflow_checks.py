@@ -138,7 +138,7 @@ def check_imported(config: dict) -> None:
 def check_names(config: dict) -> None:
     """Raise MoespacError naming the config key whose value is not a known benchmark, method (and its
     policy spec), hardware profile or model spec. The schema has already checked shapes and types."""
-    from moespac.models.registry import PAPER_MODELS
+    from moespac.models.specs import PAPER_MODELS
     from moespac.registry import make_policy
     from moespac.sim.profile import builtin_profiles
 
@@ -225,7 +225,7 @@ def check_table3_plans(config: dict) -> None:
     """A Table 3 entry with a `fallback_pair` is decided by the memory plan of its `pair` (a hub pair traced on
     this machine); the fallback's routing must have the model's experts and top-k, as every entry's trace must. A
     hub pair without a draft can only be such an entry's pair (it cannot record a speculative trace)."""
-    from moespac.models.registry import get_spec
+    from moespac.models.specs import get_spec
 
     pairs = config["pairs"]
     for i, e in enumerate(config["table3"]["models"]):

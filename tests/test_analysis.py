@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from moespac.analysis import audit, paper, tables
-from moespac.analysis.records import COLUMNS
+from moespac.analysis.rows import COLUMNS
 from moespac.analysis.render import cell, latex, Block
 from moespac.errors import MoespacError
 from moespac.catalogue import get_method, k_method
@@ -173,8 +173,8 @@ def test_audit_sets_moespac_against_the_best_baseline_and_the_ablations_directio
 def test_a_row_that_is_not_its_system_says_so(tmp_path):
     """The engine running llama.cpp's placement is not llama.cpp (M rows say so); Accelerate on a machine without
     a GPU offloads nothing (its W row says so); the released-code MoE-SpAc is a row of its own."""
-    from baselines.wrapped._common import wrapped_record
-    from moespac.analysis.records import wrapped_row
+    from baselines.programs._common import wrapped_record
+    from moespac.analysis.rows import wrapped_row
 
     df = rows(("measured", "moespac", "gsm8k", 3.0, 9.0), ("measured", "llamacpp-sd", "gsm8k", 2.0, 9.0),
               ("measured", "moespac-released", "gsm8k", 2.5, 9.0))
@@ -191,7 +191,7 @@ def test_a_row_that_is_not_its_system_says_so(tmp_path):
     import json
     from pathlib import Path
 
-    from moespac.analysis.records import ENGINE_NOTE, bench_row
+    from moespac.analysis.rows import ENGINE_NOTE, bench_row
 
     fixture = json.loads((Path(__file__).parent / "fixtures" / "record_simulated.json").read_text())
     for policy, note in (("llamacpp-sd", ENGINE_NOTE), ("moespac", None)):
@@ -202,7 +202,7 @@ def test_a_row_that_is_not_its_system_says_so(tmp_path):
 def test_a_lossy_row_is_marked_and_moespac_is_also_compared_with_the_best_lossless_baseline():
     """Fate's row copies INT4 experts: it carries a ‡ and the note, and beside 'vs the best baseline' (Fate here)
     the table says where MoE-SpAc stands against the best baseline that computes what it computes (HybriMoE)."""
-    from moespac.analysis.records import bench_row
+    from moespac.analysis.rows import bench_row
     from records import simulated_record
 
     cells = [("moespac", "moespac", 8, 10.0), ("fate", "fate", 0, 40.0), ("hybrimoe", "hybrimoe", 0, 8.0)]
@@ -234,7 +234,7 @@ def test_audit_also_sets_moespac_against_the_best_lossless_baseline_when_the_bes
 def test_a_stand_in_row_is_marked_and_says_what_stands_in_under_the_table():
     """A row whose policy documents a stand-in (Policy.stand_in, as `moespac policy list` shows it) carries a †
     and its text under the table; a policy that is its system's rule (LRU here) does not."""
-    from moespac.analysis.records import bench_row, stand_in_of
+    from moespac.analysis.rows import bench_row, stand_in_of
     from moespac.registry import make_policy
     from records import simulated_record
 
@@ -272,7 +272,7 @@ def test_a_cell_shows_the_95_percent_interval_of_its_mean_over_requests(tmp_path
     from pathlib import Path
 
     from moespac.analysis.intervals import mean_interval, separate
-    from moespac.analysis.records import load_rows
+    from moespac.analysis.rows import load_rows
 
     from scipy import stats
 
@@ -498,7 +498,7 @@ def test_sweep_lines_draw_each_cells_interval(record):
     import matplotlib.pyplot as plt
     from matplotlib.collections import PolyCollection
 
-    from moespac.analysis.records import load_rows
+    from moespac.analysis.rows import load_rows
 
     groups = sweep_groups(record)
     fig = build("fig5_sensitivity", groups)
@@ -584,7 +584,7 @@ def test_a_handicapped_sd_baseline_is_said_beside_the_claim(tmp_path):
 def test_table1_says_which_rows_its_intervals_cannot_tell_apart_and_why():
     """Two systems whose intervals overlap on every benchmark get a note: the catalogue's mechanism where it has
     one (Mixtral-Offloading and MoE-Infinity's released on-demand path), else a flag; separated rows get none."""
-    from moespac.analysis.records import record_row
+    from moespac.analysis.rows import record_row
     from records import simulated_record
 
     cells = [("mixtral-offload", "mixtral-offloading", 10.0), ("moe-infinity", "moe-infinity", 10.1),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moespac.ar_trace import ar_from_speculative
-from moespac.bench.records import validate_record
+from moespac.bench.record_files import validate_record
 from moespac.cli import main
 from moespac.errors import MoespacError
 from moespac.trace import load_trace

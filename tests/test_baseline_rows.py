@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from moespac.models.registry import get_spec
+from moespac.models.specs import get_spec
 from moespac.policy import Topology
 from moespac.sim import paper_regime as pr
 from moespac.sim.simulate import SimConfig, simulate

@@ -9,7 +9,7 @@ import pytest
 
 from moespac import datasets
 from moespac.bench import harness
-from moespac.bench.records import SCHEMA_PATH, failure_path, load_valid_record, validate_record, write_result
+from moespac.bench.record_files import SCHEMA_PATH, failure_path, load_valid_record, validate_record, write_result
 from moespac.cli import main
 from moespac.engine import speculative
 from moespac.errors import MoespacError
@@ -97,7 +97,7 @@ def test_simulated_record_replays_the_trace_on_a_profile(measured, tmp_path):
 
 
 def test_a_record_carries_the_method_it_was_filed_under_and_tables_read_it(measured, tmp_path, capsys):
-    from moespac.analysis.records import record_row
+    from moespac.analysis.rows import record_row
 
     _, trace_path = measured  # recorded with the draft (gamma 2)
     replay = ["bench", "--benchmark", "gsm8k", "--timing", "simulated", "--hardware", "h200", "--no-bounds",

@@ -22,7 +22,7 @@ LAYERS = [
     ("interface", ["moespac.policy", "moespac.cache", "moespac.trace"]),
     ("policies", ["moespac.scheduler", "baselines", "moespac.registry", "moespac.catalogue"]),
     ("drivers", ["moespac.engine", "moespac.sim", "moespac.numerics", "moespac.lossless"]),
-    ("runs", ["moespac.bench", "moespac.import_trace", "moespac.ar_trace", "baselines.wrapped", "moespac.experiments",
+    ("runs", ["moespac.bench", "moespac.import_trace", "moespac.ar_trace", "baselines.programs", "moespac.experiments",
               "moespac.workflow_checks"]),
     ("outputs", ["moespac.analysis", "moespac.tracking", "moespac.manifest"]),
     ("entry points", ["moespac.cli", "moespac.commands", "moespac.__main__", "moespac"]),
@@ -112,7 +112,7 @@ def main() -> int:
     edges = imports(mods)
 
     def part(mod: str) -> str:  # a top-level module or subpackage; the baseline policies as one
-        if mod.startswith("baselines") and not mod.startswith("baselines.wrapped"):
+        if mod.startswith("baselines") and not mod.startswith("baselines.programs"):
             return "baselines"
         return ".".join(mod.split(".")[:2])
 

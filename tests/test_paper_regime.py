@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from moespac.errors import MoespacError
-from moespac.models.registry import get_spec
+from moespac.models.specs import get_spec
 from moespac.policy import Topology
 from moespac.sim import paper_regime as pr
 from moespac.sim.profile import profile_yaml

@@ -7,7 +7,7 @@ from moespac.cli import main
 from moespac.engine.plan import model_shape, plan_memory
 from moespac.errors import MoespacError
 from moespac.models.hub_configs import HUB_CONFIGS, offline_config
-from moespac.models.registry import PAPER_MODELS, spec_from_config
+from moespac.models.specs import PAPER_MODELS, spec_from_config
 
 # total parameters as the model cards publish them (billions)
 PUBLISHED = {"Qwen/Qwen3-30B-A3B": 30.5, "Qwen/Qwen3-4B": 4.0, "Qwen/Qwen3-4B-FP8": 4.0, "Qwen/Qwen3-1.7B": 1.7,

@@ -7,7 +7,7 @@ import pytest
 
 from moespac.cli import main
 from moespac.errors import MoespacError
-from moespac.models.registry import get_spec
+from moespac.models.specs import get_spec
 from moespac.policy import Topology
 from moespac.sim.calibrate import last_level_cache_bytes
 from moespac.sim.profile import load_profile
@@ -45,7 +45,7 @@ def test_simulate_writes_a_simulated_record(trace_path, tmp_path, capsys):
     assert rec["distance"]["of_infinite_cache"] == pytest.approx(m["tokens_per_s"] / b["infinite_cache"]["tokens_per_s"])
     text = capsys.readouterr().out
     assert "simulated: lru on rtx4090-pcie4" in text and "tokens/s" in text and "bounds:" in text
-    from moespac.analysis.records import record_row
+    from moespac.analysis.rows import record_row
 
     with pytest.raises(MoespacError, match="trace that names no benchmark is not a table cell"):
         record_row(out)  # a synthetic trace has no benchmark: no table reads its replay

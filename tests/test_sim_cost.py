@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from moespac.models.registry import get_spec
+from moespac.models.specs import get_spec
 from moespac.policy import Topology
 from moespac.sim.cost import CostModel
 from moespac.sim.profile import HardwareProfile

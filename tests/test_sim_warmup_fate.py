@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from baselines.fate import Fate
-from moespac.bench.records import validate_record
+from moespac.bench.record_files import validate_record
 from moespac.cli import main
 from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
 from moespac.engine.speculative import generate

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from moespac.analysis.records import bench_row
+from moespac.analysis.rows import bench_row
 from moespac.analysis.tables import mapping_tag
-from moespac.models.registry import get_spec
+from moespac.models.specs import get_spec
 from moespac.policy import Topology
 from moespac.sim.synthetic import synthetic_trace
 from moespac.sim.workload import make_workload
@@ -61,7 +61,7 @@ def test_each_paper_table3_model_is_its_hub_pair_with_a_fallback_of_its_routing_
     """The paper config traces each Table 3 model as a real hub pair where its memory plan fits this machine; the
     fallback that stands in elsewhere routes the model's experts and top-k (a built routing shape, or a real pair
     of that shape: Qwen3-30B-A3B routes 128 experts top-8, as GLM-4.5-Air does)."""
-    from moespac.models.registry import PAPER_MODELS
+    from moespac.models.specs import PAPER_MODELS
 
     config = yaml.safe_load(PAPER.read_text())
     hub_shape = {s.hub_id: (s.num_experts, s.top_k) for s in PAPER_MODELS.values() if s.hub_id}

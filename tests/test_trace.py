@@ -9,7 +9,7 @@ from moespac.engine.hybrid import HybridRuntime, RuntimeConfig
 from moespac.engine.speculative import generate
 from moespac.errors import MoespacError
 from moespac.models.micro import build_micro
-from moespac.models.registry import spec_from_config
+from moespac.models.specs import spec_from_config
 from moespac.registry import make_policy
 from moespac.trace import TraceRecorder, load_trace
 

@@ -77,13 +77,13 @@ def test_flatten_params_and_metrics_keep_what_mlflow_can_hold():
 def test_every_record_kind_logs_the_tables_tps_under_one_name(tmp_path):
     """A wrapped record's decode tokens/s and an engine record's per-request mean are the same column,
     `tokens_per_s`, equal to the table row's TPS; the machine is named one way for both kinds."""
-    from moespac.analysis.records import record_row
+    from moespac.analysis.rows import record_row
     from moespac.record import make_record
     from moespac.tracking import table_row, tags_of
 
     requests = [dict(id="gsm8k/1", new_tokens=8, decode_s=0.5, prefill_s=0.1, decode_tokens_per_s=14.0,
                      latency_s=0.6, prompt_tokens=12)]
-    from baselines.wrapped._common import wrapped_record
+    from baselines.programs._common import wrapped_record
 
     wrapped = wrapped_record("accelerate", dict(system="accelerate", model_pair=str(tmp_path / "pair"),
                                                 benchmark="gsm8k", max_new_tokens=8), requests, method="accelerate")

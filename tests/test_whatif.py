@@ -18,7 +18,7 @@ def test_more_local_routing_means_fewer_distinct_experts_and_more_moespac_hits()
     r = ratio_to_best_other(peaked)
     assert r == peaked["methods"]["moespac"]["tokens_per_s"] / peaked["methods"]["llamacpp"]["tokens_per_s"]
     # the long-form CSV like every table's: one row per trace and method, the same numbers, its timing label
-    from moespac.analysis.whatif import locality_frame
+    from moespac.analysis.whatif_page import locality_frame
 
     frame = locality_frame(record)
     assert len(frame) == 4 and set(frame["timing"]) == {"simulated"} and set(frame["label"]) == {"MoE-SpAc", "llama.cpp"}

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from moespac.analysis.labels import unlabelled
-from moespac.bench.records import read_record, validate_record
+from moespac.bench.record_files import read_record, validate_record
 from moespac.cli import main
 from moespac.tracking import KEY_TAG
 

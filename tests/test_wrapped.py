@@ -1,4 +1,4 @@
-"""baselines/wrapped: output parsers on captured llama.cpp output, command lines, build stamps, converter
+"""baselines/programs: output parsers on captured llama.cpp output, command lines, build stamps, converter
 wrapper, skip records. Nothing here builds or runs llama.cpp (the samples below were captured from a real run)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from baselines.wrapped import SYSTEMS, _common, llamacpp, llamacpp_build, llamacpp_convert, moespac_release, vllm
-from baselines.wrapped import accelerate as wrapped_accelerate
+from baselines.programs import SYSTEMS, _common, llamacpp, llamacpp_build, llamacpp_convert, moespac_release, vllm
+from baselines.programs import accelerate as wrapped_accelerate
 from moespac.errors import MoespacError
 
 # Real output (stderr) of the proxy pair (resources/proxy/default, f32 GGUF) on prompt gsm8k/637, one thread,
@@ -439,11 +439,11 @@ def test_common_arguments_checked(tmp_path):
 
 
 def test_wrapped_package_is_cheap_and_defines_no_policy():
-    import baselines.wrapped as pkg
+    import baselines.programs as pkg
     from moespac.registry import policies
 
     assert set(SYSTEMS) == {"llamacpp", "accelerate", "vllm", "moespac-release"}
-    assert not [c for c in policies().values() if c.__module__.startswith("baselines.wrapped")]
+    assert not [c for c in policies().values() if c.__module__.startswith("baselines.programs")]
     assert "torch" not in vars(pkg)
 
 

@@ -443,7 +443,7 @@ def render(table1=None, table2=None, table3=None, table4=None, appendix_a1=None,
             out += ["", title, ""] + [f"- {line}" for line in compare(path)]
     if paper_regime and Path(paper_regime).is_file():
         from moespac.analysis.consistency import verdict
-        from moespac.bench.records import read_record
+        from moespac.bench.record_files import read_record
 
         out += ["", "## The paper against its own baselines (paper_figs/consistency.md)", "", verdict(read_record(paper_regime))]
     return "\n".join(out) + "\n"

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from moespac.analysis import style
-from moespac.analysis.records import load_rows
+from moespac.analysis.rows import load_rows
 from moespac.errors import MoespacError
 from moespac.reference import appendix_value
 from moespac.scheduler.config import MoESpAcConfig
@@ -60,7 +60,7 @@ def _lines(ax, rows: pd.DataFrame, x: str, xlabel: str, hue: str = "label") -> N
     sns.lineplot(data=data, x=x, y="tps", hue=hue, marker="o", ax=ax)
     _intervals(ax, data, x, hue)
     ax.set_xlabel(xlabel)
-    # records.py's tps is metrics.tokens_per_s (bench/harness.py summarize): the mean over requests of each
+    # rows.py's tps is metrics.tokens_per_s (bench/harness.py summarize): the mean over requests of each
     # request's decode tokens / the decode time of the batched call it ran in, i.e. per request, not per batch
     timing = sorted(set(rows["timing"]))[0] if rows["timing"].nunique() == 1 else "mixed timing"
     style.rate_axis(ax, f"TPS per request ({timing})")
@@ -68,7 +68,7 @@ def _lines(ax, rows: pd.DataFrame, x: str, xlabel: str, hue: str = "label") -> N
 
 
 def _intervals(ax, data: pd.DataFrame, x: str, hue: str) -> None:
-    """Each line's 95 % intervals over requests (records.py tps_lo/hi) as a band in the line's colour, where
+    """Each line's 95 % intervals over requests (rows.py tps_lo/hi) as a band in the line's colour, where
     its cells have them (two requests or more)."""
     if "tps_lo" not in data or data["tps_lo"].isna().all():
         return
@@ -92,7 +92,7 @@ def _alpha(trace) -> float | None:
 
 
 def _model(trace) -> str:
-    from moespac.analysis.records import short
+    from moespac.analysis.rows import short
 
     return short(trace.meta.get("target") or trace.meta.get("model_spec", {}).get("name") or "?")
 
@@ -399,7 +399,7 @@ def fig_overhead(groups: dict):
 
     import seaborn as sns
 
-    from moespac.analysis.records import machine_name
+    from moespac.analysis.rows import machine_name
 
     fig, axes = style.figure(ncols=3, width=2.6)
     files = groups.get("record", [])

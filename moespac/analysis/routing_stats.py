@@ -122,7 +122,7 @@ def paper_reference() -> dict:
     hot/cold accuracy ~0.87 (Sec. 4.3), sMAPE 0.490 (Qwen3-30B, App. B.1), GPU cache hit rate per benchmark
     (App. C.2, 0.70-0.75: `hit_rate` is their mean, `hit_rate_range` (low, high)); NaN elsewhere."""
     from moespac.experiments.proxy_stats import paper_reference as proxy_reference
-    from moespac.models.registry import get_spec
+    from moespac.models.specs import get_spec
     from moespac.reference import read_reference
 
     ref = proxy_reference()
@@ -144,7 +144,7 @@ def _num(v) -> float:
 def whatif_trace(skew: float, sweep=None):
     """The speculative synthetic trace of the what-if at `skew` (moespac.experiments.whatif.run_locality_sweep's, with
     the LocalitySweep's settings: its model spec's shape, tokens, gamma, persistence, acceptance, seed 0)."""
-    from moespac.models.registry import get_spec
+    from moespac.models.specs import get_spec
     from moespac.policy import Topology
     from moespac.sim.synthetic import synthetic_trace
     from moespac.experiments.whatif import LocalitySweep

@@ -1,6 +1,6 @@
 """The paper's tables from result records, ours beside the paper's, every cell with its timing label.
 
-Each builder takes the flat rows of moespac.analysis.records (or a numerics file for Table 6) and returns
+Each builder takes the flat rows of moespac.analysis.rows (or a numerics file for Table 6) and returns
 (long DataFrame, [Block]) for moespac.analysis.render.write_table. Cells are grouped into one block per
 timing label (and hardware / model), because numbers obtained differently are never averaged together.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from moespac import datasets
-from moespac.bench.records import load_valid_record, write_failure, write_result
+from moespac.bench.record_files import load_valid_record, write_failure, write_result
 from moespac.cache import COUNTERS, CacheSize  # the bench's counters are the cache's
 from moespac.errors import MoespacError, check_context
 from moespac.hashing import model_id, stable_hash
@@ -311,7 +311,7 @@ def engine_run(cfg: BenchConfig, prep: Prepared, prompts: list, progress: bool =
     calls ('warmup_counts': Fiddler's popularity profile; as one activation matrix, MoE-Infinity's collection).
     With no warm-up calls, a policy that reads a profile gets the counts of one prefill, run once untimed.
     """
-    from moespac.models.registry import spec_from_config
+    from moespac.models.specs import spec_from_config
 
     tcfg = prep.trace_config
     session = _open_session(cfg, prep)

@@ -32,7 +32,7 @@ def run(args) -> int:
     from moespac.atomic import write_json
     from moespac.datasets import BENCHMARKS, get_benchmark
     from moespac.errors import MoespacError
-    from moespac.models.registry import get_spec
+    from moespac.models.specs import get_spec
     from moespac.sim import paper_regime as pr
 
     if args.gamma < 1 or args.requests < 1 or args.new_tokens < 2:

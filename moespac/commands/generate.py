@@ -29,10 +29,10 @@ def encode_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
 
 
 def run(args) -> int:
-    from moespac.bench.records import write_result
+    from moespac.bench.record_files import write_result
     from moespac.engine.session import EngineSession, config_from_args
     from moespac.engine.speculative import Sampling
-    from moespac.models.registry import spec_from_config
+    from moespac.models.specs import spec_from_config
     from moespac.record import make_record
 
     check_engine_args(args)

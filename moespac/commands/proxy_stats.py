@@ -28,7 +28,7 @@ def run(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from moespac.bench.records import write_result
+    from moespac.bench.record_files import write_result
     from moespac.datasets import BENCHMARKS
     from moespac.experiments import proxy_stats
     from moespac.record import make_record

@@ -97,7 +97,7 @@ def register(sub) -> None:
 
 
 def run_table(args) -> int:
-    from moespac.analysis.records import load_rows
+    from moespac.analysis.rows import load_rows
     from moespac.analysis.render import write_table
 
     table = get_output(args.name, "table")
@@ -133,7 +133,7 @@ def run_audit(args) -> int:
 
 def run_consistency(args) -> int:
     from moespac.analysis.consistency import write
-    from moespac.bench.records import read_record
+    from moespac.bench.record_files import read_record
 
     record = read_record(args.record)
     if record.get("kind") != "paper-regime":
@@ -143,7 +143,7 @@ def run_consistency(args) -> int:
 
 
 def run_overhead(args) -> int:
-    from moespac.bench.records import write_result
+    from moespac.bench.record_files import write_result
     from moespac.experiments.overhead import PAPER, measure
     from moespac.record import make_record
 
@@ -164,9 +164,9 @@ def run_whatif_locality(args) -> int:
 
     from tqdm import tqdm
 
-    from moespac.analysis.whatif import locality_frame, plot_locality, render_locality
+    from moespac.analysis.whatif_page import locality_frame, plot_locality, render_locality
     from moespac.atomic import write_text
-    from moespac.bench.records import write_result
+    from moespac.bench.record_files import write_result
     from moespac.experiments.whatif import LocalitySweep, run_locality_sweep
     from moespac.trace import load_trace
 
@@ -242,7 +242,7 @@ def run_paper_regime(args) -> int:
 
     from moespac.analysis.paper_regime import frame, plot, render
     from moespac.atomic import write_text
-    from moespac.bench.records import write_result
+    from moespac.bench.record_files import write_result
     from moespac.datasets import BENCHMARKS
     from moespac.experiments.paper_regime import PaperRegimeStudy, run_study
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from moespac.bench.records import write_result
+from moespac.bench.record_files import write_result
 from moespac.commands._common import add_cache_args
 from moespac.configargs import add_field_args, config_from_args
 from moespac.errors import MoespacError

@@ -13,8 +13,8 @@ HELP = {
 
 
 def register(sub) -> None:
-    from baselines.wrapped import SYSTEMS, system_module
-    from baselines.wrapped.llamacpp import add_build_arguments, main_build
+    from baselines.programs import SYSTEMS, system_module
+    from baselines.programs.llamacpp import add_build_arguments, main_build
 
     p = sub.add_parser("wrapped", help="run an external system (llama.cpp, Accelerate, vLLM, the MoE-SpAc release)")
     systems = p.add_subparsers(dest="system", required=True, metavar="SYSTEM")

@@ -26,7 +26,7 @@ import numpy as np
 from moespac.catalogue import get_method
 from moespac.datasets import get_benchmark
 from moespac.errors import MoespacError, check_unit_interval
-from moespac.models.registry import get_spec
+from moespac.models.specs import get_spec
 from moespac.policy import check_signals
 from moespac.record import make_record
 from moespac.registry import make_policy

@@ -87,7 +87,7 @@ def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_toke
     from moespac.engine.session import EngineConfig, EngineSession
     from moespac.engine.speculative import Sampling
     from moespac.models.loading import load_pair
-    from moespac.models.registry import spec_from_config
+    from moespac.models.specs import spec_from_config
 
     pair = Path(pair)
     if not (pair / "target").is_dir() or not (pair / "draft").is_dir():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from moespac.errors import MoespacError, check_unit_interval
 from moespac.routing import decode_counts, locality
-from moespac.models.registry import get_spec
+from moespac.models.specs import get_spec
 from moespac.policy import Topology, check_signals
 from moespac.record import make_record
 from moespac.registry import make_policy

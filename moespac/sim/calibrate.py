@@ -251,7 +251,7 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
 
     from moespac.engine.session import EngineConfig, EngineSession
     from moespac.models.micro import draft_config, target_config
-    from moespac.models.registry import spec_from_config
+    from moespac.models.specs import spec_from_config
     from moespac.numerics import RandomSplit
     from moespac.policy import expert_wall
     from moespac.sim.cost import CostModel

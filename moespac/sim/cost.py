@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moespac.models.registry import BYTES_PER_PARAM, ModelSpec
+from moespac.models.specs import BYTES_PER_PARAM, ModelSpec
 from moespac.policy import UnitCosts
 from moespac.sim.profile import HardwareProfile
 

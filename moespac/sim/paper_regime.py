@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moespac.errors import MoespacError
-from moespac.models.registry import ModelSpec
+from moespac.models.specs import ModelSpec
 from moespac.trace import KINDS, SCHEMA_VERSION, Trace
 
 SOURCE = "synthetic, fitted to the paper's App. A.1 and B.1 routing statistics"

@@ -9,7 +9,7 @@ import numpy as np
 
 from moespac.cache import CacheSize
 from moespac.errors import MoespacError
-from moespac.models.registry import ModelSpec, get_spec
+from moespac.models.specs import ModelSpec, get_spec
 from moespac.policy import UnitCosts
 from moespac.record import make_record
 from moespac.registry import make_policy, parse_policy
@@ -66,7 +66,7 @@ def spec_named(name: str) -> ModelSpec:
     if (folder / "config.json").is_file():
         from transformers import AutoConfig
 
-        from moespac.models.registry import spec_from_config
+        from moespac.models.specs import spec_from_config
 
         return spec_from_config(AutoConfig.from_pretrained(folder), name=str(folder))
     return get_spec(name)

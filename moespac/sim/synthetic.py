@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moespac.models.registry import ModelSpec
+from moespac.models.specs import ModelSpec
 from moespac.policy import Topology
 from moespac.sim.cost import Timing
 from moespac.sim.workload import Workload, make_workload

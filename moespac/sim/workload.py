@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moespac.errors import MoespacError
-from moespac.models.registry import ModelSpec
+from moespac.models.specs import ModelSpec
 from moespac.policy import Topology
 from moespac.trace import Trace
 

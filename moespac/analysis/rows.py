@@ -217,7 +217,7 @@ def _intervals(rec: dict, tps_key: str) -> dict:
 
 def record_row(path, rec: dict | None = None) -> dict:
     """One record file (already read: `rec`) -> one row (MoespacError for a failure record or an unknown kind)."""
-    from moespac.bench.records import validate_record
+    from moespac.bench.record_files import validate_record
 
     rec = read_json(path) if rec is None else rec
     if not isinstance(rec, dict):

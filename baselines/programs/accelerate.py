@@ -14,8 +14,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from baselines.wrapped._common import (add_common_arguments, benchmark_prompts, check_common_arguments, filed_under,
-                                       wrapped_record)
+from baselines.programs._common import (add_common_arguments, benchmark_prompts, check_common_arguments, filed_under,
+                                        wrapped_record)
 from moespac.errors import MoespacError
 
 SYSTEM = "accelerate"
@@ -132,7 +132,7 @@ def run_benchmark(args) -> dict:
 
 
 def main(args) -> int:
-    from moespac.bench.records import write_result
+    from moespac.bench.record_files import write_result
 
     record = run_benchmark(args)
     write_result(args.out, record)

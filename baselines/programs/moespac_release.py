@@ -17,9 +17,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-from baselines.wrapped._common import (RESOURCES, add_common_arguments, benchmark_prompts, check_common_arguments,
-                                       cuda_missing_reason, filed_under, nvcc_missing_reason, run_logged,
-                                       skipped_record, wrapped_record)
+from baselines.programs._common import (RESOURCES, add_common_arguments, benchmark_prompts, check_common_arguments,
+                                        cuda_missing_reason, filed_under, nvcc_missing_reason, run_logged,
+                                        skipped_record, wrapped_record)
 from moespac.errors import MoespacError
 
 SYSTEM = "moe-spac-release"
@@ -95,9 +95,9 @@ def command_line(bin_dir: str, target_gguf, draft_gguf, prompt_path, args) -> li
 
 
 def run_benchmark(args) -> dict:
-    from baselines.wrapped.llamacpp import execute
-    from baselines.wrapped.llamacpp_build import build, build_info
-    from baselines.wrapped.llamacpp_convert import convert, prompt_file
+    from baselines.programs.llamacpp import execute
+    from baselines.programs.llamacpp_build import build, build_info
+    from baselines.programs.llamacpp_convert import convert, prompt_file
     from moespac.models.loading import load_tokenizer
 
     check_common_arguments(args)
@@ -131,6 +131,6 @@ def run_benchmark(args) -> dict:
 
 
 def main(args) -> int:
-    from baselines.wrapped._common import write_and_report
+    from baselines.programs._common import write_and_report
 
     return write_and_report("moe-spac-release", run_benchmark(args), args.out)

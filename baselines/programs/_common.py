@@ -161,7 +161,7 @@ def skipped_record(system: str, config: dict, reason: str, method: str, **extra)
 
 def write_and_report(label: str, record: dict, out) -> int:
     """Write a wrapped record atomically and print its one-line summary (or its skip reason)."""
-    from moespac.bench.records import write_result
+    from moespac.bench.record_files import write_result
 
     write_result(out, record)
     if record["skipped"]:

@@ -17,12 +17,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from baselines.wrapped import llamacpp_build
-from baselines.wrapped._common import (add_common_arguments, benchmark_prompts, check_common_arguments, filed_under,
-                                       wrapped_record)
+from baselines.programs import llamacpp_build
+from baselines.programs._common import (add_common_arguments, benchmark_prompts, check_common_arguments, filed_under,
+                                        wrapped_record)
 # build() and convert() are this module's public entry points too (llamacpp.build, llamacpp.convert)
-from baselines.wrapped.llamacpp_build import ROOT, Build, build, build_info
-from baselines.wrapped.llamacpp_convert import OUTTYPES, check_tokenization, convert, prompt_file, tokenization_cases
+from baselines.programs.llamacpp_build import ROOT, Build, build, build_info
+from baselines.programs.llamacpp_convert import OUTTYPES, check_tokenization, convert, prompt_file, tokenization_cases
 from moespac.errors import MoespacError
 from moespac.hashing import stable_hash
 
@@ -244,7 +244,7 @@ def run_benchmark(args) -> dict:
 
 
 def main(args) -> int:
-    from moespac.bench.records import write_result
+    from moespac.bench.record_files import write_result
 
     record = run_benchmark(args)
     write_result(args.out, record)

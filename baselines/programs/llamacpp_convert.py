@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from baselines.wrapped._common import run_logged
+from baselines.programs._common import run_logged
 from moespac.atomic import write_json
 from moespac.errors import MoespacError
 

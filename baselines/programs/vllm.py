@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from baselines.wrapped._common import (add_common_arguments, benchmark_prompts, check_common_arguments,
-                                       cuda_missing_reason, filed_under, skipped_record, wrapped_record)
+from baselines.programs._common import (add_common_arguments, benchmark_prompts, check_common_arguments,
+                                        cuda_missing_reason, filed_under, skipped_record, wrapped_record)
 from moespac.errors import MoespacError
 
 SYSTEM = "vllm"
@@ -113,6 +113,6 @@ def run_benchmark(args) -> dict:
 
 
 def main(args) -> int:
-    from baselines.wrapped._common import write_and_report
+    from baselines.programs._common import write_and_report
 
     return write_and_report("vllm", run_benchmark(args), args.out)

@@ -19,7 +19,7 @@ class ModelSpec:
     """Architecture of a (possibly MoE) decoder-only model, as far as expert scheduling needs it."""
 
     name: str
-    """Registry name, e.g. `qwen3-30b-a3b`."""
+    """Spec name (a key of PAPER_MODELS), e.g. `qwen3-30b-a3b`."""
     hub_id: str | None
     """Hugging Face hub id (None for locally built models)."""
     num_layers: int
@@ -144,7 +144,7 @@ PAPER_MODELS: dict[str, ModelSpec] = {
 
 
 def get_spec(name: str) -> ModelSpec:
-    """Look up a paper model by registry name (case-insensitive)."""
+    """Look up a paper model by its spec name (case-insensitive)."""
     key = name.lower()
     if key not in PAPER_MODELS:
         raise MoespacError(f"unknown model spec {name!r}; known: {', '.join(sorted(PAPER_MODELS))}")

@@ -16,7 +16,7 @@ import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from baselines.wrapped._common import RESOURCES, cuda_missing_reason, nvcc_missing_reason, run_logged
+from baselines.programs._common import RESOURCES, cuda_missing_reason, nvcc_missing_reason, run_logged
 from moespac.atomic import write_json
 from moespac.errors import MoespacError
 from moespac.fetch import pip_download
