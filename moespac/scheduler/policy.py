@@ -17,7 +17,7 @@ import numpy as np
 from moespac.errors import MoespacError
 from moespac.policy import Policy, PolicyContext, Prefetch, StepInfo
 from moespac.scheduler.balancer import WorkloadBalancer
-from moespac.scheduler.config import ABLATIONS, VARIANTS, MoESpAcConfig
+from moespac.scheduler.config import MoESpAcConfig
 from moespac.scheduler.estimator import SlidingCounts, UtilityEstimator
 from moespac.scheduler.evictor import EvictionPool
 
