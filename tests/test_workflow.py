@@ -339,7 +339,7 @@ def test_two_clean_runs_write_identical_traces_and_simulated_outputs(tiny_study,
     traces = files(first, "results/traces/**/*.npz")
     simulated = files(first, "results/simulated/**/*.json") + files(first, "results/whatif/*.json")
     figures = [f for f in files(first, "paper_figs/*.p[dn][gf]") if not f.startswith("paper_figs/fig_overhead")]
-    assert len(traces) == 3 and len(simulated) >= 8 and len(figures) == 14
+    assert len(traces) == 3 and len(simulated) >= 8 and len(figures) == 16  # consistency.p* among them
     for name in traces + simulated + figures:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     for name in simulated:
