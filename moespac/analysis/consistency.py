@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from moespac.analysis.paper import squash, table1
+from moespac.analysis.paper_regime import pct as _pct
 from moespac.catalogue import get_method
 from moespac.experiments.paper_regime import compare, lossless_of, mean_or_none
 
@@ -24,10 +25,6 @@ PARAMETER = {"host_mem_bandwidth": ("host memory bandwidth", 1e9, "GB/s"),
 
 def _paper() -> dict[tuple[str, str], float]:
     return {(squash(r.method), r.benchmark): r.tps for r in table1().itertuples()}
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:+.1f} %"
 
 
 def _value(field: str, value: float) -> str:

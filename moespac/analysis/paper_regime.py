@@ -33,7 +33,8 @@ def frame(record: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _pct(x) -> str:
+def pct(x) -> str:
+    """A ratio - 1 as a signed percentage, '-' where missing (this page's and the consistency page's)."""
     return "-" if x is None else f"{100 * x:+.1f} %"
 
 
@@ -60,13 +61,13 @@ def _block(record: dict, key: str, heading: str) -> list[str]:
         gb = g[r["benchmark"]]
         best = "" if gb["best"] is None else f" ({get_method(gb['best']).label})"
         exact = "" if gb["best_lossless"] is None else f" ({get_method(gb['best_lossless']).label})"
-        cells += [_pct(gb["vs"]), _pct(gb["vs_best"]) + best, _pct(gb["vs_best_lossless"]) + exact]
+        cells += [pct(gb["vs"]), pct(gb["vs_best"]) + best, pct(gb["vs_best_lossless"]) + exact]
         lines.append("| " + " | ".join(cells) + " |")
     vs, vs_best = mean_or_none(x["vs"] for x in g.values()), mean_or_none(x["vs_best"] for x in g.values())
     vs_exact = mean_or_none(x["vs_best_lossless"] for x in g.values())
-    lines += ["", f"MoE-SpAc against llama.cpp-w/ SD, mean over benchmarks: {_pct(vs)} (the paper: +41.9 % on its "
-              f"Table 1); against the best other method of each benchmark: {_pct(vs_best)}; against the best "
-              f"lossless one (what MoE-SpAc is): {_pct(vs_exact)}. "
+    lines += ["", f"MoE-SpAc against llama.cpp-w/ SD, mean over benchmarks: {pct(vs)} (the paper: +41.9 % on its "
+              f"Table 1); against the best other method of each benchmark: {pct(vs_best)}; against the best "
+              f"lossless one (what MoE-SpAc is): {pct(vs_exact)}. "
               + ("The headline's direction holds on this routing and host." if vs is not None and vs > 0 and
                  vs_exact is not None and vs_exact > 0 else
                  "The headline does not follow on this routing and host: see which method leads in the last columns."),
