@@ -177,8 +177,9 @@ class StreamedLayers(LRU):
     """Whole layers resident in layer order; every other expert is loaded when used and dropped after.
 
     Shared by HF Accelerate and vLLM `--cpu-offload-gb`, which differ in which end of the model stays on the
-    device and in what crosses the link (Accelerate copies whole fused layers, vLLM reads routed experts). The interface has no "drop now", so offloaded experts go through a staging area (the
-    slots not given to whole layers) whose victim is the least recently used staged expert: the staging
+    device and in what crosses the link (Accelerate copies whole fused layers, vLLM reads routed experts).
+    The interface has no "drop now", so offloaded experts go through a staging area (the slots not given to
+    whole layers) whose victim is the least recently used staged expert: the staging
     then holds only the latest loads, which by the next step belong to other layers. (Evicting the most
     recently loaded one instead would pin the first loads forever, i.e. act as a cache.) Placed experts are
     never victims. Here only routed experts cross the link; a system that moves whole layers adds the rest

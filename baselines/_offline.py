@@ -146,7 +146,8 @@ def _prefix_static(eligible, d, h, hidden, serial, device_call=0.0):
 
 
 def static_placement(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
-                     serial: bool, capacity: int, per_layer_capacity: int | None, device_call: float = 0.0) -> np.ndarray:
+                     serial: bool, capacity: int, per_layer_capacity: int | None,
+                     device_call: float = 0.0) -> np.ndarray:
     """bool [L, E]: the resident set that never copies and minimises the request's expert time (counts int
     [S, L, E]): each layer's best set per slot count, then slots shared among layers by dynamic programming."""
     S, L, E = counts.shape
@@ -160,7 +161,8 @@ def static_placement(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.nda
     for l, (values, _) in enumerate(layers):
         b = np.arange(len(values))
         c = np.arange(C + 1)
-        total = np.where(b[None, :] <= c[:, None], best[np.maximum(c[:, None] - b[None, :], 0)] + values[None, :], np.inf)
+        total = np.where(b[None, :] <= c[:, None],
+                         best[np.maximum(c[:, None] - b[None, :], 0)] + values[None, :], np.inf)
         choice[l] = np.argmin(total, 1)  # first minimum: fewest slots
         best = total[c, choice[l]]
     out = np.zeros((L, E), dtype=bool)

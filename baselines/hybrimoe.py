@@ -108,11 +108,13 @@ class HybriMoE(Policy):
 
     def end_layer(self, layer, counts, cache) -> list[Prefetch]:
         nxt = layer + 1
-        if nxt >= self.ctx.topology.num_layers or self.prefetch == 0 or self.step is None or self.step.kind == "prefill":
+        if (nxt >= self.ctx.topology.num_layers or self.prefetch == 0 or self.step is None
+                or self.step.kind == "prefill"):
             return []  # upstream prefetches in decode only
         row = self.scores[nxt]
         top = np.argsort(-row, kind="stable")[:self.prefetch]
-        return [Prefetch(nxt, e, p) for e, p, on in zip(top.tolist(), row[top].tolist(), cache.resident[nxt, top].tolist())
+        return [Prefetch(nxt, e, p)
+                for e, p, on in zip(top.tolist(), row[top].tolist(), cache.resident[nxt, top].tolist())
                 if p > 0 and not on]
 
     def victim(self, candidates, cache):

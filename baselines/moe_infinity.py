@@ -111,7 +111,8 @@ class MoEInfinity(LFU):
 
     def end_layer(self, layer, counts, cache):
         L = self.ctx.topology.num_layers
-        if self.prefetch == "on-demand" or self.unit is None or layer + 1 >= L:  # nothing to match, or no later layer to prefetch
+        # nothing to match, or no later layer to prefetch
+        if self.prefetch == "on-demand" or self.unit is None or layer + 1 >= L:
             return []
         i = self.best_match()
         if (i, layer) not in self.ranked:  # the collection is fixed during a request: rank each (match, layer) once

@@ -123,7 +123,8 @@ class Oracle(Policy):
             key = (digest, n, ctx.capacity, ctx.per_layer_capacity, self.device_call)
             if key not in self._static:
                 self._static[key] = static_placement(self.counts[:n], self.dev_cost, self.host_cost, self.hidden[:n],
-                                                     self.serial, ctx.capacity, ctx.per_layer_capacity, self.device_call)
+                                                     self.serial, ctx.capacity, ctx.per_layer_capacity,
+                                                     self.device_call)
             return placement | self._static[key]
         # the initial placement is free (made before the request): the soonest-needed experts
         # (worth ignored: a placement costs nothing, and each layer's plan still picks device or host)
@@ -159,7 +160,8 @@ class Oracle(Policy):
             self._keys_at, self._keys_src = (self.s, self.layer), src
         return self._keys_cache
 
-    def _compute_keys(self, worth: bool = True, rows: np.ndarray | None = None, src: np.ndarray | None = None) -> np.ndarray:
+    def _compute_keys(self, worth: bool = True, rows: np.ndarray | None = None,
+                      src: np.ndarray | None = None) -> np.ndarray:
         """The rows `rows` (default all) of the keys at source steps `src` (default the current position's)."""
         rows = np.arange(self.next_step.shape[1]) if rows is None else rows
         nxt = self._next_use(rows, src)
@@ -316,7 +318,8 @@ class Oracle(Policy):
         # on-demand loads first wait for the copy in flight (at most one copy time)
         inflight = load if getattr(cache, "loading", None) is not None and cache.loading.any() else 0.0
         h_fixed = float(self.host_cost[counts[host]].sum())
-        layer_s = layer_times(sets, d, h, x, self.serial, h_fixed, self.device_call) + sets @ charge + (loads > 0) * inflight
+        layer_s = (layer_times(sets, d, h, x, self.serial, h_fixed, self.device_call) + sets @ charge
+                   + (loads > 0) * inflight)
         # a load needs a slot: a free one, or a resident expert this layer does not use
         evictable = cache.resident.copy()
         evictable[layer, active] = False

@@ -47,15 +47,17 @@ def main() -> None:
     batches = [int(x) for x in args.batch_sizes.split(",")]
     gammas = [int(x) for x in args.gammas.split(",")]
     print(f"pair {pair} (a locally trained proxy, not Qwen3-30B-A3B); policy moespac; cache ratio {args.cache_ratio}; "
-          f"{args.max_new_tokens} new tokens per sequence; simulated on {args.hardware} with model spec {args.sim_model_spec}")
+          f"{args.max_new_tokens} new tokens per sequence; simulated on {args.hardware} "
+          f"with model spec {args.sim_model_spec}")
     print(f"{'B':>3s} {'gamma':>5s} {'measured tok/s (CPU)':>21s} {'simulated tok/s':>16s} {'paper tok/s':>12s}")
     with tempfile.TemporaryDirectory() as tmp:
         for b in batches:
             prompts = [encode_prompt(tok, t if isinstance(t, str) else t[0]) for t in texts[:b]]
             for g in gammas:
                 rt = HybridRuntime(target, make_policy("moespac"), RuntimeConfig(cache_ratio=args.cache_ratio))
-                rt.recorder = TraceRecorder(rt.topology, spec.to_dict(), meta=dict(gamma=g, batch_size=b, target=str(pair / "target"),
-                                                                                   draft=str(pair / "draft")))
+                rt.recorder = TraceRecorder(rt.topology, spec.to_dict(),
+                                            meta=dict(gamma=g, batch_size=b, target=str(pair / "target"),
+                                                      draft=str(pair / "draft")))
                 try:
                     rt.start_request(gamma=g, batch_size=b, signals={"draft"})
                     res = generate_batch(target, prompts, draft=draft, gamma=g, max_new_tokens=args.max_new_tokens,
@@ -67,7 +69,8 @@ def main() -> None:
                 rt.recorder.finish(trace_id=path.stem).save(path)
                 try:
                     rec = simulate(SimConfig(trace=str(path), policy="moespac", hardware=args.hardware,
-                                             model_spec=args.sim_model_spec, cache_ratio=args.cache_ratio, bounds=False))
+                                             model_spec=args.sim_model_spec, cache_ratio=args.cache_ratio,
+                                             bounds=False))
                     sim = f"{rec['metrics']['tokens_per_s']:16.2f}"
                 except MoespacError as e:
                     sim = f"{'n/a':>16s}"

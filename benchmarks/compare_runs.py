@@ -84,7 +84,8 @@ def compare_records(a: Path, b: Path, show: int) -> None:
 
 
 def compare_figs(a: Path, b: Path) -> None:
-    names = sorted({p.name for p in (a / "paper_figs").glob("*.csv")} | {p.name for p in (b / "paper_figs").glob("*.csv")})
+    names = sorted({p.name for p in (a / "paper_figs").glob("*.csv")}
+                   | {p.name for p in (b / "paper_figs").glob("*.csv")})
     print("paper_figs:")
     for name in names:
         pa, pb = a / "paper_figs" / name, b / "paper_figs" / name
@@ -97,7 +98,8 @@ def compare_figs(a: Path, b: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_a", type=Path, help="a checkout that ran the pipeline (has results/ and paper_figs/)")
     p.add_argument("run_b", type=Path, help="the other")
     p.add_argument("--show", type=int, default=5, help="record paths listed per differing key")

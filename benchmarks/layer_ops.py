@@ -67,8 +67,8 @@ def main() -> None:
     stock_experts = find_experts(stock)[0][0]
     stock_ops = count(stock_experts, x, ids, w)
     distinct = len(torch.unique(ids))
-    print(f"one MoE layer: {args.experts} experts, top-{args.top_k}, {args.tokens} tokens ({distinct} distinct experts), "
-          f"fp32, CPU")
+    print(f"one MoE layer: {args.experts} experts, top-{args.top_k}, {args.tokens} tokens "
+          f"({distinct} distinct experts), fp32, CPU")
     print(f"stock transformers ({stock.config._experts_implementation}) experts call: {stock_ops} ops (measured)")
     from moespac.engine import kernels
 

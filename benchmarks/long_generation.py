@@ -35,14 +35,17 @@ def main() -> None:
     c = target.config
     kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
     prompt = tok.encode("Explain speculative decoding for mixture-of-experts models.")
-    print(f"micro qwen3_moe ({c.num_hidden_layers} layers, {c.num_experts} experts), fp32, CPU, policy moespac, gamma {args.gamma}")
-    print(f"{'new tokens':>10s} {'steps':>6s} {'seconds':>8s} {'max RSS MiB':>12s} {'KV cache MiB':>13s} {'estimator state B':>18s}")
+    print(f"micro qwen3_moe ({c.num_hidden_layers} layers, {c.num_experts} experts), fp32, CPU, policy moespac, "
+          f"gamma {args.gamma}")
+    print(f"{'new tokens':>10s} {'steps':>6s} {'seconds':>8s} {'max RSS MiB':>12s} {'KV cache MiB':>13s} "
+          f"{'estimator state B':>18s}")
     for n in lengths:
         rt = HybridRuntime(target, make_policy("moespac"), RuntimeConfig(cache_ratio=0.5))
         try:
             rt.start_request(gamma=args.gamma, signals={"draft"})
             t0 = time.perf_counter()
-            res = generate(target, prompt, draft=target, gamma=args.gamma, max_new_tokens=n, runtime=rt, ignore_eos=True)
+            res = generate(target, prompt, draft=target, gamma=args.gamma, max_new_tokens=n, runtime=rt,
+                           ignore_eos=True)
             dt = time.perf_counter() - t0
             state = rt.policy.describe().get("estimator_state_bytes")
         finally:

@@ -27,7 +27,8 @@ def main() -> None:
     args = p.parse_args()
     t = load_trace(args.trace)
     if t.self_draft_topk is None:
-        raise SystemExit(f"self_draft_fidelity: {args.trace} has no self_draft_topk (record it with --self-draft-lookahead)")
+        raise SystemExit(f"self_draft_fidelity: {args.trace} has no self_draft_topk "
+                         "(record it with --self-draft-lookahead)")
     agree = rows = 0
     cover_elb, cover_prev, previous = [], [], None
     for s in range(t.num_steps):
@@ -44,8 +45,10 @@ def main() -> None:
                     cover_prev.append(np.isin(need, previous[layer]).mean())
         previous = [np.unique(ids[:, layer]) for layer in range(ids.shape[1])]
     k = t.topology.top_k
-    print(f"{args.trace}: {t.num_steps} steps, {t.topology.num_layers} MoE layers x {t.topology.num_experts} experts, top-{k}")
-    print(f"top-k agreement, self-draft vs target, same token and layer: {agree / max(rows * k, 1):.3f} over {rows} rows")
+    print(f"{args.trace}: {t.num_steps} steps, {t.topology.num_layers} MoE layers x {t.topology.num_experts} experts, "
+          f"top-{k}")
+    print(f"top-k agreement, self-draft vs target, same token and layer: {agree / max(rows * k, 1):.3f} "
+          f"over {rows} rows")
     print(f"share of a verify step's experts in the lookahead buffer: self-draft {np.mean(cover_elb):.3f}, "
           f"previous step's experts {np.mean(cover_prev):.3f} (over {len(cover_elb)} step-layers)")
 

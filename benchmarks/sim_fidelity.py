@@ -43,7 +43,8 @@ def main() -> None:
     trace = load_trace(args.trace)
     sim = simulate(SimConfig(
         trace=args.trace, policy=args.policy or cfg.get("policy", "lru"), hardware=args.hardware,
-        draft_spec=cfg.get("draft"), cache_ratio=args.cache_ratio if args.cache_ratio is not None else cfg.get("cache_ratio"),
+        draft_spec=cfg.get("draft"),
+        cache_ratio=args.cache_ratio if args.cache_ratio is not None else cfg.get("cache_ratio"),
         cache_gib=None if args.cache_ratio is not None else cfg.get("cache_gib"), per_layer=bool(cfg.get("per_layer")),
         bounds=False), trace=trace)
     s = sim["metrics"]

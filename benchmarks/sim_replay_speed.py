@@ -9,8 +9,10 @@ pipeline's cells replay it: on the recorded --sd-trace (methods with a draft) or
 expert sizes, a 25 % cache, the oracle with its bounds, profile-reading methods given --profile-trace. It
 prints each method's replay time: the pipeline's simulated cells cost about that much each.
 
-    python benchmarks/sim_replay_speed.py --methods all --sd-trace results/traces/proxy-shape/mmlu-pro/g8-b1-n512.npz \
-        --ar-trace results/traces/proxy-shape/mmlu-pro/g0-b1-n512.npz --profile-trace results/traces/proxy-shape/gsm8k/g0-b1-n512.npz
+    python benchmarks/sim_replay_speed.py --methods all \
+        --sd-trace results/traces/proxy-shape/mmlu-pro/g8-b1-n512.npz \
+        --ar-trace results/traces/proxy-shape/mmlu-pro/g0-b1-n512.npz \
+        --profile-trace results/traces/proxy-shape/gsm8k/g0-b1-n512.npz
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ def time_methods(names: list[str], sd_trace: str, ar_trace: str, profile: list[s
         rec = simulate(cfg)
         wall = time.perf_counter() - t0
         total += wall
-        print(f"{name:26s} {wall:7.2f} s  {rec['trace']['requests']} requests, {rec['metrics']['tokens_per_s']:.4f} tokens/s (simulated)")
+        print(f"{name:26s} {wall:7.2f} s  {rec['trace']['requests']} requests, "
+              f"{rec['metrics']['tokens_per_s']:.4f} tokens/s (simulated)")
     print(f"all: {total:.1f} s; load average {', '.join(f'{x:.2f}' for x in os.getloadavg())} (timing: measured)")
 
 
@@ -75,7 +78,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache-ratio", type=float, default=0.17)
-    ap.add_argument("--methods", default=None, help="'all' or comma-separated table methods: time each on --sd/--ar-trace")
+    ap.add_argument("--methods", default=None,
+                    help="'all' or comma-separated table methods: time each on --sd/--ar-trace")
     ap.add_argument("--sd-trace", default=None)
     ap.add_argument("--ar-trace", default=None)
     ap.add_argument("--profile-trace", action="append", default=[])
@@ -106,7 +110,8 @@ def main() -> None:
     policy = make_policy(args.policy)  # once more under the profiler: where the time goes
     by_file = time_by_file(lambda: replay(workload, timing, policy, slots, costs=cost.unit_costs()))
     s = result.summary()
-    print(f"trace: {trace.num_steps} steps, {s['tokens']} decode tokens, {topo.num_layers}x{topo.num_experts} top-{topo.top_k}, "
+    print(f"trace: {trace.num_steps} steps, {s['tokens']} decode tokens, "
+          f"{topo.num_layers}x{topo.num_experts} top-{topo.top_k}, "
           f"gamma 8 (synthesis + costs {setup:.2f} s)")
     print(f"policy {args.policy}, {slots} slots: replay wall time median {statistics.median(walls):.3f} s "
           f"(min {min(walls):.3f}, {args.repeats} runs; goal <= 1 s); CPU time median {statistics.median(cpus):.3f} s; "
@@ -114,7 +119,8 @@ def main() -> None:
     total = sum(by_file.values())
     print("  own time by file under cProfile (inflated by the profiler): " + ", ".join(
         f"{k} {v / total:.0%}" for k, v in list(by_file.items())[:6]))
-    print(f"simulated: {s['tokens_per_s']:.2f} tokens/s, hit rate {s['hit_rate']:.3f}, host share {s['host_share']:.3f}")
+    print(f"simulated: {s['tokens_per_s']:.2f} tokens/s, hit rate {s['hit_rate']:.3f}, "
+          f"host share {s['host_share']:.3f}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ def ar_from_speculative(sd: Trace, where: str = "trace") -> Trace:
         raise MoespacError(f"{where}: not recorded by `moespac bench` (no per-request facts to derive from)")
     if int(m.get("batch_size", 1)) != 1:
         raise MoespacError(f"{where}: batch size {m.get('batch_size')}; an AR trace derives from batch 1 only "
-                           "(a batched step records accepted drafts summed over its sequences, not which rows each kept)")
+                           "(a batched step records accepted drafts summed over its sequences, "
+                           "not which rows each kept)")
     st = sd.steps
     kind, tokens, gamma, emitted = st["step_kind"], st["step_tokens"], st["step_gamma"], st["step_emitted"]
     if not (kind == VERIFY).any() or (kind == AR).any():
@@ -36,7 +37,8 @@ def ar_from_speculative(sd: Trace, where: str = "trace") -> Trace:
                            "steps); derive from one recorded with a draft")
     verify = kind == VERIFY
     if (tokens[verify] != gamma[verify].astype(np.int64) + 1).any() or (emitted[verify] > tokens[verify]).any():
-        raise MoespacError(f"{where}: a verify step is not [kept token + gamma drafts] wide; not a batch-1 engine trace")
+        raise MoespacError(f"{where}: a verify step is not [kept token + gamma drafts] wide; "
+                           "not a batch-1 engine trace")
     # rows kept per step: a prefill's all, a verify step's first `emitted`; each kept verify row is one AR step
     prefill = kind == PREFILL
     kept = np.where(prefill, tokens, emitted).astype(np.int64)

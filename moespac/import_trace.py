@@ -120,7 +120,8 @@ def _sglang_request(resp, where: str, num_experts: int, num_layers: int | None, 
     if flat.size % rows or (width and flat.size != rows * width) or (flat.size // rows) % top_k:
         shape = f"{num_layers} layers x top-k {top_k}" if num_layers else f"layers x top-k {top_k}"
         raise MoespacError(f"{where}: routed_experts holds {flat.size} ids, not (prompt_tokens {prompt} + "
-                           f"completion_tokens {done} - 1) rows x {shape} (another model, or routed_experts_start_len > 0?)")
+                           f"completion_tokens {done} - 1) rows x {shape} "
+                           "(another model, or routed_experts_start_len > 0?)")
     ids = flat.reshape(rows, -1, top_k)
     _check_range(ids, num_experts, where)
     rate, verify_ct = meta.get("spec_accept_rate"), meta.get("spec_verify_ct")
@@ -278,7 +279,8 @@ def import_trace(path: str | Path, fmt: str, gamma: int = 8, acceptance: float |
     requests = requests[:limit]
     if max_new_tokens is not None:  # a request's rows are its prompt and its new tokens but the last
         requests = [dataclasses.replace(q, ids=q.ids[:q.prompt + max_new_tokens - 1],
-                                        weights=None if q.weights is None else q.weights[:q.prompt + max_new_tokens - 1])
+                                        weights=(None if q.weights is None
+                                                 else q.weights[:q.prompt + max_new_tokens - 1]))
                     for q in requests]
     dropped = _moe_layers(requests, spec, path)
     A, source = _acceptance(requests, acceptance, gamma, path)
@@ -363,7 +365,8 @@ def _read(path: Path, fmt: str, spec: ModelSpec | None, num_experts: int | None,
     if spec is not None and not spec.is_moe:
         raise MoespacError(f"model spec {spec.name!r} is dense: no experts to import")
     if top_k is not None and (spec is not None or fmt != "sglang"):
-        raise MoespacError("--top-k is for --format sglang without --model-spec (otherwise the spec or the data says it)")
+        raise MoespacError("--top-k is for --format sglang without --model-spec "
+                           "(otherwise the spec or the data says it)")
     E = spec.num_experts if spec else num_experts
     if not 1 <= E <= MAX_EXPERTS:
         raise MoespacError(f"--num-experts {E} must be in [1, {MAX_EXPERTS}] (a trace stores expert ids as int16)")

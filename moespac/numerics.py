@@ -37,7 +37,8 @@ def _block(num_experts: int, top_k: int, hidden: int, ffn: int, seed: int):
 
     cfg = Qwen3MoeConfig(vocab_size=16, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=4,
                          num_key_value_heads=4, head_dim=hidden // 4, num_experts=num_experts,
-                         num_experts_per_tok=top_k, moe_intermediate_size=ffn, intermediate_size=ffn, norm_topk_prob=True)
+                         num_experts_per_tok=top_k, moe_intermediate_size=ffn, intermediate_size=ffn,
+                         norm_topk_prob=True)
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(cfg).float().eval()
     with torch.no_grad():

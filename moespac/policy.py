@@ -258,4 +258,5 @@ def check_signals(policy: Policy, available) -> None:
         raise MoespacError(f"policy {policy.name!r} needs signal 'draft' ({SIGNALS['draft']}), which this run lacks")
     for s in policy.requires:
         if s not in available:
-            raise MoespacError(f"policy {policy.name!r} needs signal {s!r} ({SIGNALS.get(s, '?')}), which this run lacks")
+            raise MoespacError(f"policy {policy.name!r} needs signal {s!r} ({SIGNALS.get(s, '?')}), "
+                               "which this run lacks")

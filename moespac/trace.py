@@ -203,7 +203,8 @@ def load_trace(path: str | Path) -> Trace:
         raise MoespacError(f"trace {path}: missing arrays {missing}")
     steps = {k: data[k].astype(_STEP_ARRAYS[k]) for k in _STEP_ARRAYS}
     return Trace(meta=meta, steps=steps, topk_ids=data["topk_ids"], topk_weights=data["topk_weights"],
-                 cross_topk=data.get("cross_topk"), self_draft_topk=data.get("self_draft_topk")).validate(f"trace {path}")
+                 cross_topk=data.get("cross_topk"),
+                 self_draft_topk=data.get("self_draft_topk")).validate(f"trace {path}")
 
 
 def _host(x) -> np.ndarray:

@@ -339,7 +339,8 @@ def _drop_stale(store: Store, summary: IngestSummary) -> None:
     """Delete the runs of a record file loaded now whose run key is not the file's: the file was rewritten with
     another configuration (its config hash changed), so the old run describes a record that no longer exists."""
     current = {run_id for by_study in summary.runs.values() for run_id in by_study.values()}
-    loaded = {(store.experiments[f"{PREFIX}{study}"], path) for path, by_study in summary.runs.items() for study in by_study}
+    loaded = {(store.experiments[f"{PREFIX}{study}"], path)
+              for path, by_study in summary.runs.items() for study in by_study}
     for (experiment, key), run in list(store.runs.items()):
         if (experiment, run.data.tags.get("moespac.record_path")) in loaded and run.info.run_id not in current:
             store.client.delete_run(run.info.run_id)

@@ -63,8 +63,9 @@ def test_cli_writes_the_trace_and_a_record_and_the_bench_replays_it(traces, tmp_
     assert summary["kind"] == "derive-ar-trace" and summary["trace_id"] == load_trace(out).trace_id()
     assert summary["rows_dropped"] == traces["rejecting"].topk_ids.shape[0] - traces["ar"].topk_ids.shape[0]
     sim = tmp_path / "sim.json"
-    assert main(["bench", "--timing", "simulated", "--from-trace", str(out), "--benchmark", "mt-bench", "--policy", "lru",
-                 "--hardware", "rtx4090-pcie4", "--model-spec", "trace", "--no-progress", "--out", str(sim)]) == 0
+    assert main(["bench", "--timing", "simulated", "--from-trace", str(out), "--benchmark", "mt-bench",
+                 "--policy", "lru", "--hardware", "rtx4090-pcie4", "--model-spec", "trace", "--no-progress",
+                 "--out", str(sim)]) == 0
     r = validate_record(sim)
     assert r["config"]["gamma"] == 0 and r["config"]["derived_from"] == traces["rejecting"].trace_id()
     assert r["counts"]["requests"] == 4 and all(q["new_tokens"] == 24 and q["steps"] == 23 for q in r["requests"])

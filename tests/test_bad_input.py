@@ -41,7 +41,8 @@ def broken(micro_dir, tmp_path_factory):
         if (micro_dir / "target" / name).exists():
             shutil.copy(micro_dir / "target" / name, d / "pickled" / name)
     (d / "pickled" / "pytorch_model.bin").write_bytes(
-        b"\x80\x04\x95\x1e\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c\x0btouch PWNED\x94\x85\x94R\x94.")
+        b"\x80\x04\x95\x1e\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94"
+        b"\x8c\x0btouch PWNED\x94\x85\x94R\x94.")
     (d / "a_file").write_text("x")
     (d / "random.npz").write_bytes(os.urandom(512))
     (d / "bad.yaml").write_text("a: [1\n b")

@@ -511,7 +511,8 @@ def test_missing_signals_fail_in_reset_naming_the_signal():
             with pytest.raises(MoespacError, match=f"'{signal}'"):
                 policy.reset(ctx)
             checked += 1
-    assert checked == 8  # llamacpp-sd, sp-moe, moe-speq (draft); fiddler (warmup); fate, specexp (cross); sp-moe, moe-speq (self-draft)
+    # llamacpp-sd, sp-moe, moe-speq (draft); fiddler (warmup); fate, specexp (cross); sp-moe, moe-speq (self-draft)
+    assert checked == 8
     with pytest.raises(MoespacError, match="'warmup_counts'"):
         make_policy("ktransformers:strategy=frequency").reset(context(2, 4, 1, 4))
 
@@ -549,7 +550,8 @@ def test_the_registry_names_every_policy_class_in_the_tree_once():
     for modname in modules + ["moespac.scheduler.policy"]:
         mod = importlib.import_module(modname)
         for obj in vars(mod).values():
-            if inspect.isclass(obj) and issubclass(obj, Policy) and obj.__module__ == modname and not obj.name.startswith("_"):
+            if (inspect.isclass(obj) and issubclass(obj, Policy) and obj.__module__ == modname
+                    and not obj.name.startswith("_")):
                 defined[obj.name] = (modname, obj.__name__)
     assert defined == POLICIES
     assert all(cls.name == name for name, cls in policies().items())

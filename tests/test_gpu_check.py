@@ -21,7 +21,8 @@ def test_gpu_check_dry_mode_runs_every_step(tmp_path):
     assert log.startswith(f"# command: python benchmarks/gpu_engine_check.py --out {tmp_path} --dry")
     for arch in ("qwen3_moe", "deepseek_v2"):
         assert summary["lossless"][arch]["mismatches"] == 0 and summary["lossless"][arch]["copies"] > 0
-    assert summary["lossless"]["sampling"]["p_value"] > 0.01 > summary["lossless"]["sampling"]["negative_control_p_value"]
+    assert (summary["lossless"]["sampling"]["p_value"] > 0.01
+            > summary["lossless"]["sampling"]["negative_control_p_value"])
     for name, p in summary["full_size"]["policies"].items():
         assert p["measured_tokens_per_s"] > 0 and p["simulated_tokens_per_s"] > 0, name
         assert p["phases"]["moe layers"] > 0 and Path(p["trace"]).is_file()

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(pair, out, *extra):
-    return main(["bench", "--model-pair", str(pair), "--gamma", "2", "--no-progress", "--out", str(out), *map(str, extra)])
+    return main(["bench", "--model-pair", str(pair), "--gamma", "2", "--no-progress", "--out", str(out),
+                 *map(str, extra)])
 
 
 @pytest.fixture(scope="module")

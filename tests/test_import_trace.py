@@ -94,7 +94,8 @@ def test_sglang_round_trip(tmp_path):
     assert m["imported"] is True and m["source"] == "sglang-routed-experts" and m["model_spec"] is None
     assert m["source_sha256"] == hashlib.sha256((tmp_path / "responses.jsonl").read_bytes()).hexdigest()
     assert (m["gamma"], m["acceptance"], m["acceptance_source"]) == (3, 0.5, "given")
-    assert "SGLang returns no router weights" in m["weights"] and "rejected tokens are not in this trace" in m["structure"]
+    assert ("SGLang returns no router weights" in m["weights"]
+            and "rejected tokens are not in this trace" in m["structure"])
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["requests"] == ["a", "b", "c"] and record["realized_acceptance"] == pytest.approx(0.5, abs=0.1)
 
@@ -127,10 +128,12 @@ def test_a_trace_imported_for_a_benchmark_replays_as_a_pipeline_cell(tmp_path):
                                              for i, (p, c) in enumerate(shapes)])
     out = tmp_path / "t.npz"
     assert run_import([src, "--format", "sglang", "--out", str(out), "--model-spec", "deepseek-v2-lite", "--gamma", "4",
-                       "--acceptance", "0.75", "--benchmark", "humaneval", "--model", "deepseek-ai/DeepSeek-V2-Lite"]) == 0
+                       "--acceptance", "0.75", "--benchmark", "humaneval",
+                       "--model", "deepseek-ai/DeepSeek-V2-Lite"]) == 0
     t = load_trace(out)
     facts = t.meta["bench"]
-    assert facts["config"]["target_id"] == "deepseek-ai/DeepSeek-V2-Lite" and facts["config"]["benchmark"] == "humaneval"
+    assert (facts["config"]["target_id"] == "deepseek-ai/DeepSeek-V2-Lite"
+            and facts["config"]["benchmark"] == "humaneval")
     for r, row in enumerate(facts["rows"]):  # the facts are the steps' own counts
         mine = t.steps["step_request"] == r
         assert row["new_tokens"] == int(t.steps["step_emitted"][mine].sum())
@@ -301,7 +304,8 @@ def imported(tmp_path_factory):
     """Three SGLang requests of DeepSeek-V2-Lite's shape (27 decoder layers, 26 MoE, 64 experts, top-6)."""
     d = tmp_path_factory.mktemp("imported")
     rng = np.random.default_rng(4)
-    resp = [sglang_response(f"r{i}", routing(rng, p + c - 1, 27, 6, 64), p) for i, (p, c) in enumerate([(6, 20), (3, 9), (5, 14)])]
+    resp = [sglang_response(f"r{i}", routing(rng, p + c - 1, 27, 6, 64), p)
+            for i, (p, c) in enumerate([(6, 20), (3, 9), (5, 14)])]
     src = write_lines(d / "r.jsonl", resp)
     assert run_import([src, "--format", "sglang", "--out", str(d / "t.npz"), "--model-spec", "deepseek-v2-lite",
                        "--gamma", "4", "--acceptance", "0.7"]) == 0

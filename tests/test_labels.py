@@ -20,7 +20,8 @@ def test_a_number_is_labelled_by_its_line_its_cell_mark_or_a_heading_above_it():
         "# not a heading inside a fence 0.5",
         "```",
     ])
-    assert unlabelled(page) == [(10, "- best gamma per batch: {1: 2, 2: 4}"), (13, "# not a heading inside a fence 0.5")]
+    assert unlabelled(page) == [(10, "- best gamma per batch: {1: 2, 2: 4}"),
+                                (13, "# not a heading inside a fence 0.5")]
 
 
 def test_a_labelled_title_covers_the_page_and_timing_none_is_a_label():

@@ -17,7 +17,8 @@ ARCHS = {
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     "mistral": dict(sliding_window=None),
     "qwen3_moe": dict(head_dim=8, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16),
-    "qwen2_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24),
+    "qwen2_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16,
+                      shared_expert_intermediate_size=24),
     "mixtral": dict(num_local_experts=6, num_experts_per_tok=2, sliding_window=None),
 }
 
@@ -76,6 +77,7 @@ def test_what_it_does_not_compute_goes_through_transformers():
     model.model.layers[1].mlp.up_proj = torch.nn.Sequential(model.model.layers[1].mlp.up_proj)  # a replaced linear
     assert lean_forward(model) is None
     assert lean_forward(dense("qwen3").train()) is None
-    olmoe = AutoModelForCausalLM.from_config(AutoConfig.for_model("olmoe", **SMALL, num_experts=4, num_experts_per_tok=2))
+    olmoe = AutoModelForCausalLM.from_config(AutoConfig.for_model("olmoe", **SMALL, num_experts=4,
+                                                                  num_experts_per_tok=2))
     assert lean_forward(olmoe) is None  # its q/k norms span all heads: not a decoder this path knows
     assert CachedModel(dense("qwen3"), 2, lean=True).lean is None  # batches keep transformers' masks

@@ -9,6 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_ruff_finds_nothing():
-    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "moespac", "baselines", "tests", "benchmarks"],
+    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache",
+                        "moespac", "baselines", "tests", "benchmarks"],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

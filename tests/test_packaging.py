@@ -160,7 +160,8 @@ def test_the_workflow_reads_the_config_folder_a_deployment_gets(name):
     """One standard layout: config/ holds real files (what snakedeploy copies) and workflow/Snakefile embeds
     config/config.yaml; no second workflow folder."""
     assert (REPO / "config" / name).is_file() and not (REPO / "config" / name).is_symlink()
-    assert 'configfile: f"{workflow.current_basedir}/../config/config.yaml"' in (REPO / "workflow" / "Snakefile").read_text()
+    assert ('configfile: f"{workflow.current_basedir}/../config/config.yaml"'
+            in (REPO / "workflow" / "Snakefile").read_text())
     assert not (REPO / "workflows").exists() and not (REPO / "Snakefile").exists()
 
 

@@ -25,7 +25,8 @@ def build_tiny(out: Path, **env) -> tuple[str, str]:
     return tuple(model_id(str(out / sub)).split("@")[1] for sub in ("target", "draft"))
 
 
-@pytest.mark.skipif(why_not_pinnable() is not None, reason="pinning needs x86-64 with AVX2 (this CPU: see why_not_pinnable)")
+@pytest.mark.skipif(why_not_pinnable() is not None,
+                    reason="pinning needs x86-64 with AVX2 (this CPU: see why_not_pinnable)")
 def test_another_machines_kernels_give_the_same_weights(tmp_path):
     here = build_tiny(tmp_path / "here")
     elsewhere = build_tiny(tmp_path / "elsewhere", **EMULATE_ANOTHER_MACHINE)

@@ -89,12 +89,15 @@ def test_json_records_the_verdict_and_a_plan_that_does_not_fit_is_not_an_error(t
     small, big = tmp_path / "small.json", tmp_path / "big.json"
     assert main(args + ["--host-gib", "32", "--json", str(small)]) == 0
     v = json.loads(small.read_text())
-    assert v["fits"] is False and "host needs" in v["reason"] and v["host_gib"] == 32 and v["draft"] == "Qwen/Qwen3-4B-FP8"
+    assert (v["fits"] is False and "host needs" in v["reason"] and v["host_gib"] == 32
+            and v["draft"] == "Qwen/Qwen3-4B-FP8")
     assert main(args + ["--host-gib", "64", "--json", str(big)]) == 0
     v = json.loads(big.read_text())
-    plan = plan_memory(model_shape(offline_config("Qwen/Qwen3-30B-A3B")), model_shape(offline_config("Qwen/Qwen3-4B-FP8")),
+    plan = plan_memory(model_shape(offline_config("Qwen/Qwen3-30B-A3B")),
+                       model_shape(offline_config("Qwen/Qwen3-4B-FP8")),
                        device_gib=24, host_gib=64)
-    assert v["fits"] is True and v["reason"] is None and v["slots"] == plan.slots and v["total_slots"] == plan.total_slots
+    assert (v["fits"] is True and v["reason"] is None and v["slots"] == plan.slots
+            and v["total_slots"] == plan.total_slots)
     missing = tmp_path / "missing.json"
     assert main(["plan", "--target", str(tmp_path / "nothing"), "--json", str(missing)]) == 2
     assert not missing.exists()

@@ -78,7 +78,8 @@ def test_accelerate_copies_whole_layers_in_the_engine(micro):
 
 def test_moe_infinity_prefetches_from_a_profiling_run_in_the_engine(micro):
     """In the engine as in the simulator: one request and no profiling run, MoE-Infinity's EAM variant has
-    nothing to match and never prefetches; given the activation matrix of another prompt's run it prefetches from the start."""
+    nothing to match and never prefetches; given the activation matrix of another prompt's run it prefetches from
+    the start."""
     target, draft, prompt, ref = micro
     other = np.random.default_rng(1).integers(0, 4, size=(1, *target_shape(target)))
     prefetched = []

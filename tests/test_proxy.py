@@ -194,7 +194,8 @@ def test_proxy_stats_runs_on_the_pair(pair):
     assert [r.benchmark for r in rows] == ["gsm8k", "mt-bench"]
     for r in rows:
         assert r.prompts == 1 and r.new_tokens == 12 and r.drafted % 4 == 0
-        assert r.accepted_share == r.accepted / r.drafted and r.tokens_per_step == (r.accepted + r.verify_steps) / r.verify_steps
+        assert (r.accepted_share == r.accepted / r.drafted
+                and r.tokens_per_step == (r.accepted + r.verify_steps) / r.verify_steps)
         assert r.accepted_share <= r.alpha <= 1  # per-token rate: drafts after a rejection are not judged
         assert 0 < r.top10_share <= 1 and r.smape is not None
     assert rows[0].paper_alpha == 0.83 and "not Qwen3-30B-A3B" in render(rows, out, 4, 1, 12)

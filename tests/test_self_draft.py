@@ -98,7 +98,8 @@ def test_moe_speq_prefetches_its_self_draft_buffer_in_the_engine(micro):
 
         def wrapped(step, cache):
             out = begin(step, cache)
-            asked.setdefault(policy.elb, []).append((step.signals.get("self_draft_topk"), [(r.layer, r.expert) for r in out]))
+            asked.setdefault(policy.elb, []).append((step.signals.get("self_draft_topk"),
+                                                     [(r.layer, r.expert) for r in out]))
             return out
         policy.begin_step = wrapped
 
@@ -119,8 +120,8 @@ def test_the_simulator_replays_moe_speq_from_the_recorded_buffer(micro_dir, tmp_
     for flag in ([], ["--self-draft-lookahead"]):
         traces[bool(flag)] = tmp_path / f"t{len(flag)}.npz"
         assert main(["bench", "--model-pair", str(micro_dir), *common, "--policy", "all-host", "--limit", "2",
-                     "--max-new-tokens", "16", "--gamma", "3", "--warmup", "0", *flag, "--trace", str(traces[bool(flag)]),
-                     "--out", str(tmp_path / f"m{len(flag)}.json")]) == 0
+                     "--max-new-tokens", "16", "--gamma", "3", "--warmup", "0", *flag,
+                     "--trace", str(traces[bool(flag)]), "--out", str(tmp_path / f"m{len(flag)}.json")]) == 0
     with_la, without = load_trace(traces[True]), load_trace(traces[False])
     assert "self_draft_topk" in with_la.signals() and "self_draft_topk" not in without.signals()
     assert np.array_equal(with_la.topk_ids, without.topk_ids)

@@ -102,7 +102,8 @@ def test_timing_tracks_context_and_draft_catch_up():
     # prefill 3 tokens, verify (gamma 1) emitting 2, verify emitting 1: contexts 0, 3, 5.
     # The draft's first forward in a request reads the prompt + first token (4 tokens, no KV yet).
     topo = Topology(2, 4, 1)
-    steps = [("prefill", 0, 1, [[[0], [1]]] * 3), ("verify", 1, 2, [[[0], [1]]] * 2), ("verify", 1, 1, [[[2], [3]]] * 2)]
+    steps = [("prefill", 0, 1, [[[0], [1]]] * 3), ("verify", 1, 2, [[[0], [1]]] * 2),
+             ("verify", 1, 1, [[[2], [3]]] * 2)]
     w = make_workload(hand_trace(topo, steps), toy_spec(topo))
     cm = CostModel(PROFILE, toy_spec(topo), DRAFT)
     t = cm.timing(w)

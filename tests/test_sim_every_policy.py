@@ -14,9 +14,9 @@ from moespac.trace import load_trace
 def engine_trace(micro_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("every")
     trace = d / "t.npz"
-    assert main(["bench", "--model-pair", str(micro_dir), "--benchmark", "gsm8k", "--limit", "2", "--max-new-tokens", "12",
-                 "--gamma", "3", "--warmup", "0", "--no-progress", "--self-draft-lookahead", "--trace", str(trace),
-                 "--out", str(d / "r.json")]) == 0
+    assert main(["bench", "--model-pair", str(micro_dir), "--benchmark", "gsm8k", "--limit", "2",
+                 "--max-new-tokens", "12", "--gamma", "3", "--warmup", "0", "--no-progress", "--self-draft-lookahead",
+                 "--trace", str(trace), "--out", str(d / "r.json")]) == 0
     return str(trace)
 
 

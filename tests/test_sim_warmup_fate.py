@@ -124,7 +124,8 @@ def test_lossy_fate_copies_int4_bytes_and_time_in_the_simulator():
     assert loads > 0 and cf["prefetched"] == cf["restored"] == 0 and cl["restored"] > 0
     same = lambda c: {k: v for k, v in c.items() if k not in ("bytes_copied", "restored")}
     assert same(cl) == same(cf)
-    assert cf["bytes_copied"] == 100 * loads and cl["bytes_copied"] == 28 * (loads + cl["restored"])  # round(100 x 4.5/16)
+    # round(100 x 4.5/16)
+    assert cf["bytes_copied"] == 100 * loads and cl["bytes_copied"] == 28 * (loads + cl["restored"])
     assert full.step_time["stall"].sum() == 4.0 * loads
     assert lossy.step_time["stall"].sum() == pytest.approx(4.0 * 4.5 / 16 * loads)  # restores wait for no layer
     assert lossy.link_busy_s >= 4.0 * 4.5 / 16 * (loads + cl["restored"])

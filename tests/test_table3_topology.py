@@ -82,7 +82,8 @@ def test_the_memory_plan_picks_the_pairs_own_trace_only_when_it_fits_and_names_a
     with_draft = {"ds": {"target": "deepseek-ai/DeepSeek-V2-Lite", "draft": "me/ds-int4"}}
     fits = {"fits": True, "reason": None, "slots": 100, "total_slots": 1664}
     too_big = {"fits": False, "reason": "memory plan: the host needs 40 GiB"}
-    assert table3_choice(entry, fits, with_draft, needs_draft=True) == ("ds", "ds fits this machine (100 of 1664 expert slots)")
+    assert (table3_choice(entry, fits, with_draft, needs_draft=True)
+            == ("ds", "ds fits this machine (100 of 1664 expert slots)"))
     pair, why = table3_choice(entry, too_big, with_draft, needs_draft=True)
     assert pair == "shape" and "does not fit" in why and "host needs 40 GiB" in why
     no_draft = {"ds": {"target": "deepseek-ai/DeepSeek-V2-Lite"}}

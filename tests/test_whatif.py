@@ -21,9 +21,11 @@ def test_more_local_routing_means_fewer_distinct_experts_and_more_moespac_hits()
     from moespac.analysis.whatif_page import locality_frame
 
     frame = locality_frame(record)
-    assert len(frame) == 4 and set(frame["timing"]) == {"simulated"} and set(frame["label"]) == {"MoE-SpAc", "llama.cpp"}
+    assert (len(frame) == 4 and set(frame["timing"]) == {"simulated"}
+            and set(frame["label"]) == {"MoE-SpAc", "llama.cpp"})
     got = frame.set_index(["trace", "method"])["tps"].to_dict()
-    assert got == {(row["trace"], m): v["tokens_per_s"] for row in record["metrics"]["rows"] for m, v in row["methods"].items()}
+    assert got == {(row["trace"], m): v["tokens_per_s"]
+                   for row in record["metrics"]["rows"] for m, v in row["methods"].items()}
 
 
 @pytest.mark.parametrize("options, key", [(dict(skews=()), "skews"), (dict(skews=(-1.0,)), "skews"),

@@ -22,35 +22,46 @@ from moespac.errors import MoespacError
 COMPLETION = """\
 0.00.001.006 I llama_completion: llama backend init
 0.00.006.433 I llama_completion: load the model and apply lora adapter, if any
-0.00.031.856 W llama_model_loader: tensor overrides to CPU are used with mmap enabled - consider using --load-mode none for better performance
+0.00.031.856 W llama_model_loader: tensor overrides to CPU are used with mmap enabled - consider using --load-mode \
+none for better performance
 0.00.044.159 I cmn          init: llama threadpool init, n_threads = 1
 0.00.050.148 I 
-0.00.050.228 I system_info: n_threads = 1 (n_threads_batch = 1) / 2 | CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | 
+0.00.050.228 I system_info: n_threads = 1 (n_threads_batch = 1) / 2 | CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 \
+| F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | \
+OPENMP = 1 | REPACK = 1 | 
 0.00.050.229 I 
 0.00.050.393 I sampler seed: 0
 0.00.050.403 I sampler params: 
 \trepeat_last_n = 64, repeat_penalty = 1.000, frequency_penalty = 0.000, presence_penalty = 0.000
 \tdry_multiplier = 0.000, dry_base = 1.750, dry_allowed_length = 2, dry_penalty_last_n = 64
-\ttop_k = 40, top_p = 0.950, min_p = 0.050, xtc_probability = 0.000, xtc_threshold = 0.100, typical_p = 1.000, top_n_sigma = -1.000, temp = 0.000
+\ttop_k = 40, top_p = 0.950, min_p = 0.050, xtc_probability = 0.000, xtc_threshold = 0.100, typical_p = 1.000, \
+top_n_sigma = -1.000, temp = 0.000
 \tmirostat = 0, mirostat_lr = 0.100, mirostat_ent = 5.000, adaptive_target = -1.000, adaptive_decay = 0.900
-0.00.050.407 I sampler chain: logits -> ?penalties -> ?dry -> ?top-n-sigma -> top-k -> ?typical -> top-p -> min-p -> ?xtc -> temp-ext -> dist 
+0.00.050.407 I sampler chain: logits -> ?penalties -> ?dry -> ?top-n-sigma -> top-k -> ?typical -> top-p -> min-p -> \
+?xtc -> temp-ext -> dist 
 0.00.050.407 I generate: n_ctx = 2048, n_batch = 2048, n_predict = 128, n_keep = 0
 0.00.050.408 I 
 0.00.145.659 I common_perf_print:    sampling time =       1.05 ms
 0.00.145.700 I common_perf_print:    samplers time =       0.67 ms /   201 tokens
 0.00.145.735 I common_perf_print:        load time =      20.06 ms
-0.00.149.712 I common_perf_print: prompt eval time =       8.75 ms /    73 tokens (    0.12 ms per token,  8347.63 tokens per second)
-0.00.149.749 I common_perf_print:        eval time =      50.08 ms /   127 runs   (    0.39 ms per token,  2535.89 tokens per second)
+0.00.149.712 I common_perf_print: prompt eval time =       8.75 ms /    73 tokens (    0.12 ms per token,  8347.63 \
+tokens per second)
+0.00.149.749 I common_perf_print:        eval time =      50.08 ms /   127 runs   (    0.39 ms per token,  2535.89 \
+tokens per second)
 0.00.149.782 I common_perf_print:       total time =      95.59 ms /   200 tokens
-0.00.149.815 I common_perf_print: unaccounted time =      35.71 ms /  37.4 %      (total - sampling - prompt eval - eval) / (total)
+0.00.149.815 I common_perf_print: unaccounted time =      35.71 ms /  37.4 %      (total - sampling - prompt eval - \
+eval) / (total)
 0.00.149.849 I common_perf_print:    graphs reused =        126
 """
 
-# llama-speculative-simple ... -md draft-f32.gguf --spec-type draft-simple --spec-draft-n-max 8 --spec-draft-p-min 0 --cpu-moe
+# llama-speculative-simple ... -md draft-f32.gguf --spec-type draft-simple --spec-draft-n-max 8 --spec-draft-p-min 0
+#   --cpu-moe
 SPECULATIVE_SIMPLE = """\
-0.00.063.755 W llama_model_loader: tensor overrides to CPU are used with mmap enabled - consider using --load-mode none for better performance
+0.00.063.755 W llama_model_loader: tensor overrides to CPU are used with mmap enabled - consider using --load-mode \
+none for better performance
 0.00.075.422 I cmn          init: llama threadpool init, n_threads = 1
-0.00.076.554 I common_speculative_init_result: loading draft model '/work/main/resources/llamacpp/gguf/default-1da05c23/draft-f32.gguf'
+0.00.076.554 I common_speculative_init_result: loading draft model \
+'/work/main/resources/llamacpp/gguf/default-1da05c23/draft-f32.gguf'
 0.00.353.880 I encoded   73 tokens in    0.007 seconds, speed: 10944.527 t/s
 0.00.353.918 I decoded  137 tokens in    0.252 seconds, speed:  544.353 t/s
 0.00.353.984 I 
@@ -68,16 +79,20 @@ SPECULATIVE_SIMPLE = """\
 0.00.354.375 I common_perf_print:    sampling time =       5.29 ms
 0.00.354.408 I common_perf_print:    samplers time =       0.68 ms /   137 tokens
 0.00.354.441 I common_perf_print:        load time =      20.44 ms
-0.00.354.473 I common_perf_print: prompt eval time =     168.93 ms /   375 tokens (    0.45 ms per token,  2219.89 tokens per second)
-0.00.354.506 I common_perf_print:        eval time =       0.00 ms /     1 runs   (    0.00 ms per token,      inf tokens per second)
+0.00.354.473 I common_perf_print: prompt eval time =     168.93 ms /   375 tokens (    0.45 ms per token,  2219.89 \
+tokens per second)
+0.00.354.506 I common_perf_print:        eval time =       0.00 ms /     1 runs   (    0.00 ms per token,      inf \
+tokens per second)
 0.00.354.539 I common_perf_print:       total time =     277.95 ms /   376 tokens
-0.00.354.571 I common_perf_print: unaccounted time =     103.73 ms /  37.3 %      (total - sampling - prompt eval - eval) / (total)
+0.00.354.571 I common_perf_print: unaccounted time =     103.73 ms /  37.3 %      (total - sampling - prompt eval - \
+eval) / (total)
 0.00.354.604 I common_perf_print:    graphs reused =         32
 """
 
 # llama-speculative (same arguments)
 SPECULATIVE = """\
-0.00.048.294 W llama_model_loader: tensor overrides to CPU are used with mmap enabled - consider using --load-mode none for better performance
+0.00.048.294 W llama_model_loader: tensor overrides to CPU are used with mmap enabled - consider using --load-mode \
+none for better performance
 0.00.056.104 I cmn          init: llama threadpool init, n_threads = 1
 0.00.099.396 I cmn          init: llama threadpool init, n_threads = 1
 0.00.400.859 I encoded   73 tokens in    0.011 seconds, speed: 6533.608 t/s
@@ -97,10 +112,13 @@ SPECULATIVE = """\
 0.00.400.867 I common_perf_print:    sampling time =       1.34 ms
 0.00.400.867 I common_perf_print:    samplers time =       0.80 ms /   133 tokens
 0.00.400.868 I common_perf_print:        load time =      16.57 ms
-0.00.400.869 I common_perf_print: prompt eval time =     168.48 ms /   370 tokens (    0.46 ms per token,  2196.12 tokens per second)
-0.00.400.869 I common_perf_print:        eval time =       0.00 ms /     1 runs   (    0.00 ms per token,      inf tokens per second)
+0.00.400.869 I common_perf_print: prompt eval time =     168.48 ms /   370 tokens (    0.46 ms per token,  2196.12 \
+tokens per second)
+0.00.400.869 I common_perf_print:        eval time =       0.00 ms /     1 runs   (    0.00 ms per token,      inf \
+tokens per second)
 0.00.400.870 I common_perf_print:       total time =     343.64 ms /   371 tokens
-0.00.400.870 I common_perf_print: unaccounted time =     173.82 ms /  50.6 %      (total - sampling - prompt eval - eval) / (total)
+0.00.400.870 I common_perf_print: unaccounted time =     173.82 ms /  50.6 %      (total - sampling - prompt eval - \
+eval) / (total)
 0.00.400.870 I common_perf_print:    graphs reused =         32
 """
 
@@ -125,7 +143,8 @@ def test_parse_completion_sample():
     r = llamacpp.parse_completion_output(COMPLETION)
     # -n 128: the first token comes from the prompt pass, the other 127 from 'runs'
     assert (r["prompt_tokens"], r["decode_runs"], r["new_tokens"]) == (73, 127, 128)
-    assert (r["prefill_s"], r["decode_s"], r["decode_tokens_per_s"], r["sampling_s"]) == (8.75 / 1e3, 50.08 / 1e3, 2535.89, 1.05 / 1e3)
+    assert ((r["prefill_s"], r["decode_s"], r["decode_tokens_per_s"], r["sampling_s"])
+            == (8.75 / 1e3, 50.08 / 1e3, 2535.89, 1.05 / 1e3))
 
 
 def test_parsers_reject_output_without_summary():
@@ -139,7 +158,8 @@ def test_parsers_reject_output_without_summary():
 
 def test_execute_repeats_a_run_that_lost_its_summary(monkeypatch):
     outputs = iter([SPECULATIVE_SIMPLE[:SPECULATIVE_SIMPLE.index("encoded")], SPECULATIVE_SIMPLE])
-    monkeypatch.setattr(llamacpp.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 0, "", next(outputs)))
+    monkeypatch.setattr(llamacpp.subprocess, "run",
+                        lambda cmd, **k: subprocess.CompletedProcess(cmd, 0, "", next(outputs)))
     r = llamacpp.execute(["llama-speculative-simple"], speculative=True)
     assert r["attempts"] == 2 and r["accepted"] == 103 and r["command"] == ["llama-speculative-simple"]
     monkeypatch.setattr(llamacpp.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 1, "", "boom\n"))
@@ -227,7 +247,8 @@ def _finished_build(out: Path, wanted: dict, tools=None) -> None:
 
 
 def test_up_to_date_needs_same_stamp_and_every_tool(tmp_path):
-    wanted = llamacpp_build.wanted_stamp("sdist-sha256:aa", "llama-cpp-python==0.3.36", False, ["llama-tokenize", "llama-bench"])
+    wanted = llamacpp_build.wanted_stamp("sdist-sha256:aa", "llama-cpp-python==0.3.36", False,
+                                         ["llama-tokenize", "llama-bench"])
     assert not llamacpp_build.up_to_date(tmp_path, wanted)  # nothing built
     _finished_build(tmp_path, wanted)
     assert llamacpp_build.up_to_date(tmp_path, wanted)
@@ -247,7 +268,8 @@ def test_build_skips_when_stamp_matches_and_rebuilds_otherwise(tmp_path, monkeyp
     calls = []
     monkeypatch.setattr(llamacpp_build, "run_logged", lambda cmd, *a, **k: calls.append(cmd))
     b = llamacpp_build.build(src_dir=src, out=out, cuda="off", targets=targets)
-    assert calls == [] and b.llama_commit == "version: 1 (abc)" and b.tool("llama-tokenize") == str(out / "build/bin/llama-tokenize")
+    assert (calls == [] and b.llama_commit == "version: 1 (abc)"
+            and b.tool("llama-tokenize") == str(out / "build/bin/llama-tokenize"))
     assert not b.cuda and "-DGGML_CUDA=ON" not in b.flags and b.version == "checkout"
     assert b.cpu_only_reason == "CUDA build turned off (--cuda off)"
     # another target set: configure + build run, and the stamp is rewritten
@@ -288,8 +310,10 @@ def _tokenizer_json(folder: Path, pre: dict | None) -> Path:
 
 
 def test_detect_pre_tokenizer(tmp_path):
-    assert llamacpp_convert.detect_pre_tokenizer(_tokenizer_json(tmp_path / "a", {"type": "ByteLevel", "add_prefix_space": False})) == "gpt-2"
-    assert llamacpp_convert.detect_pre_tokenizer(_tokenizer_json(tmp_path / "b", {"type": "ByteLevel", "use_regex": False})) is None
+    assert llamacpp_convert.detect_pre_tokenizer(
+        _tokenizer_json(tmp_path / "a", {"type": "ByteLevel", "add_prefix_space": False})) == "gpt-2"
+    assert llamacpp_convert.detect_pre_tokenizer(
+        _tokenizer_json(tmp_path / "b", {"type": "ByteLevel", "use_regex": False})) is None
     split = {"type": "Sequence", "pretokenizers": [{"type": "Split"}, {"type": "ByteLevel", "use_regex": False}]}
     assert llamacpp_convert.detect_pre_tokenizer(_tokenizer_json(tmp_path / "c", split)) is None
     assert llamacpp_convert.detect_pre_tokenizer(tmp_path / "none") is None
@@ -309,14 +333,17 @@ def test_converter_wrapper_states_the_pre_tokenizer(tmp_path):
     (llama / "gguf-py").mkdir()
     (llama / "conversion" / "__init__.py").write_text("")
     (llama / "conversion" / "base.py").write_text(
-        "class TextModel:\n    def get_vocab_base_pre(self, tokenizer):\n        raise NotImplementedError('not recognized')\n")
+        "class TextModel:\n    def get_vocab_base_pre(self, tokenizer):\n"
+        "        raise NotImplementedError('not recognized')\n")
     (llama / "convert_hf_to_gguf.py").write_text(
         "import sys\nfrom conversion.base import TextModel\n"
         "if __name__ == '__main__':\n    print(TextModel().get_vocab_base_pre(None), sys.argv[1:])\n")
-    out = subprocess.run([sys.executable, str(llamacpp_convert.WRAPPER), str(llama), "gpt-2", "MODEL", "--outtype", "f32"],
+    out = subprocess.run([sys.executable, str(llamacpp_convert.WRAPPER), str(llama), "gpt-2", "MODEL",
+                          "--outtype", "f32"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "gpt-2 ['MODEL', '--outtype', 'f32']"
-    res = subprocess.run([sys.executable, str(llamacpp_convert.WRAPPER), str(llama), "", "MODEL"], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, str(llamacpp_convert.WRAPPER), str(llama), "", "MODEL"],
+                         capture_output=True, text=True)
     assert res.returncode != 0 and "not recognized" in res.stderr  # no type stated: the converter's own lookup
 
 
@@ -361,8 +388,10 @@ def test_benchmark_prompt_text_gives_the_engine_ids():
 
 
 def test_summarize_totals_and_rates():
-    reqs = [dict(new_tokens=10, decode_s=2.0, prefill_s=0.5, latency_s=2.5, decode_tokens_per_s=5.0, drafted=16, accepted=8),
-            dict(new_tokens=30, decode_s=2.0, prefill_s=0.25, latency_s=2.25, decode_tokens_per_s=15.0, drafted=8, accepted=6)]
+    reqs = [dict(new_tokens=10, decode_s=2.0, prefill_s=0.5, latency_s=2.5, decode_tokens_per_s=5.0,
+                 drafted=16, accepted=8),
+            dict(new_tokens=30, decode_s=2.0, prefill_s=0.25, latency_s=2.25, decode_tokens_per_s=15.0,
+                 drafted=8, accepted=6)]
     m = _common.summarize(reqs)
     assert m["decode_tokens_per_s"] == 10.0 and m["decode_tokens_per_s_mean"] == 10.0
     assert m["new_tokens"] == 40 and m["prefill_s"] == 0.75 and m["latency_s_mean"] == 2.375
@@ -420,7 +449,8 @@ def test_release_shape_read_from_its_source(tmp_path):
 
 def test_accelerate_memory_map_and_placement():
     assert wrapped_accelerate.max_memory(2**31, gpu=False, max_gpu_gib=None, max_cpu_gib=None) == {}
-    assert wrapped_accelerate.max_memory(2**31, gpu=True, max_gpu_gib=None, max_cpu_gib=8) == {0: "1.000000GiB", "cpu": "8.000000GiB"}
+    assert (wrapped_accelerate.max_memory(2**31, gpu=True, max_gpu_gib=None, max_cpu_gib=8)
+            == {0: "1.000000GiB", "cpu": "8.000000GiB"})
     with pytest.raises(MoespacError, match="--max-gpu-gib"):
         wrapped_accelerate.max_memory(2**31, gpu=True, max_gpu_gib=0, max_cpu_gib=None)
     assert wrapped_accelerate.placement({"": "cpu"}) == dict(modules_per_device={"cpu": 1}, offloaded=False)

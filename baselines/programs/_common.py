@@ -20,9 +20,11 @@ def add_common_arguments(p) -> None:
     p.add_argument("--limit", type=int, default=3,
                    help="number of prompts, a seeded sample; more than the set has = all (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="prompt sample and sampler seed (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="tokens to generate per prompt (default: %(default)s)")
     p.add_argument("--max-context", type=int, default=2048,
-                   help="context size; prompts that do not fit with --max-new-tokens are skipped (default: %(default)s)")
+                   help="context size; prompts that do not fit with --max-new-tokens are skipped "
+                        "(default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature, seeded by --seed; 0 = greedy")
     p.add_argument("--ignore-eos", action="store_true",
@@ -118,7 +120,8 @@ def summarize(requests: list[dict]) -> dict:
         requests=len(requests), new_tokens=n_tok, decode_s=decode_s,
         prefill_s=sum(r["prefill_s"] for r in requests),
         decode_tokens_per_s=n_tok / decode_s if decode_s > 0 else None,
-        decode_tokens_per_s_mean=(sum(r["decode_tokens_per_s"] for r in requests) / len(requests)) if requests else None,
+        decode_tokens_per_s_mean=((sum(r["decode_tokens_per_s"] for r in requests) / len(requests))
+                                  if requests else None),
         latency_s_mean=(sum(r["latency_s"] for r in requests) / len(requests)) if requests else None,
     )
     drafted = sum(r.get("drafted") or 0 for r in requests)

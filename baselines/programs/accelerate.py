@@ -93,7 +93,8 @@ def run_benchmark(args) -> dict:
     model = AutoModelForCausalLM.from_pretrained(str(target), device_map="auto", max_memory=mem or None,
                                                  dtype=DTYPES[args.dtype]).eval()
     tok = load_tokenizer(str(target))
-    prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context, args.max_new_tokens)
+    prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context,
+                                         args.max_new_tokens)
     first = next(model.parameters()).device if not gpu else torch.device("cuda", 0)
     gen = generate_options(args, tok)
     with torch.inference_mode():

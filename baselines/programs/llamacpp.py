@@ -182,18 +182,22 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("llama.cpp run")
     g.add_argument("--draft", action="store_true", help="speculative decoding with DIR/draft (-md)")
     g.add_argument("--draft-max", type=int, default=8, help="draft length γ (--spec-draft-n-max; default %(default)s)")
-    g.add_argument("--spec-tool", default=RunConfig.spec_tool, choices=SPEC_TOOLS, help="speculative decoder (default: %(default)s)")
+    g.add_argument("--spec-tool", default=RunConfig.spec_tool, choices=SPEC_TOOLS,
+                   help="speculative decoder (default: %(default)s)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     g.add_argument("--no-cpu-moe", action="store_true", help="do not keep routed experts on the host")
-    g.add_argument("--outtype", default="f32", choices=OUTTYPES, help="GGUF weight type (default: %(default)s, like our fp32 engine on a CPU)")
-    g.add_argument("--gguf-dir", default=None, help="where converted models go (default: resources/llamacpp/gguf/<pair>)")
+    g.add_argument("--outtype", default="f32", choices=OUTTYPES,
+                   help="GGUF weight type (default: %(default)s, like our fp32 engine on a CPU)")
+    g.add_argument("--gguf-dir", default=None,
+                   help="where converted models go (default: resources/llamacpp/gguf/<pair>)")
     g.add_argument("--allow-token-mismatch", action="store_true",
                    help="run even if llama.cpp tokenises the prompts differently from transformers (recorded)")
 
 
 def gguf_paths(pair: Path, outtype: str, gguf_dir=None) -> tuple[Path, Path]:
     """(target, draft) GGUF paths for a model pair: one folder per pair location, one file per weight type."""
-    folder = Path(gguf_dir) if gguf_dir else ROOT / "gguf" / f"{pair.resolve().name}-{stable_hash(str(pair.resolve()), 8)}"
+    folder = (Path(gguf_dir) if gguf_dir
+              else ROOT / "gguf" / f"{pair.resolve().name}-{stable_hash(str(pair.resolve()), 8)}")
     return folder / f"target-{outtype}.gguf", folder / f"draft-{outtype}.gguf"
 
 
@@ -212,7 +216,8 @@ def run_benchmark(args) -> dict:
     if args.draft:
         conversion["draft"] = convert(pair / "draft", draft_gguf, b.source_dir, args.outtype, source_id=b.source)
     tokenizer = load_tokenizer(str(pair / "target"))
-    prompts, skipped = benchmark_prompts(tokenizer, args.benchmark, args.limit, args.seed, args.max_context, args.max_new_tokens)
+    prompts, skipped = benchmark_prompts(tokenizer, args.benchmark, args.limit, args.seed, args.max_context,
+                                         args.max_new_tokens)
     if not prompts:
         raise MoespacError(f"no prompt of {args.benchmark!r} fits a context of {args.max_context} with "
                            f"{args.max_new_tokens} new tokens")

@@ -176,14 +176,17 @@ def build(src_dir: str | os.PathLike | None = None, out: str | os.PathLike | Non
         log.unlink(missing_ok=True)
         (out / STAMP).unlink(missing_ok=True)  # a failed rebuild must not look finished
         generator = ["-G", "Ninja"] if _have("ninja") else []
-        run_logged(["cmake", "-S", llama, "-B", out / "build", *generator, *wanted["flags"]], log, what="cmake configure")
-        run_logged(["cmake", "--build", out / "build", "-j", str(jobs or os.cpu_count() or 1), "--target", *wanted["targets"]],
-                   log, what="cmake build")
-        stamp = dict(wanted, llama_commit=tool_version(out / "build" / "bin" / "llama-completion"), source_dir=str(llama))
+        run_logged(["cmake", "-S", llama, "-B", out / "build", *generator, *wanted["flags"]], log,
+                   what="cmake configure")
+        run_logged(["cmake", "--build", out / "build", "-j", str(jobs or os.cpu_count() or 1),
+                    "--target", *wanted["targets"]], log, what="cmake build")
+        stamp = dict(wanted, llama_commit=tool_version(out / "build" / "bin" / "llama-completion"),
+                     source_dir=str(llama))
         write_json(out / STAMP, stamp)
     stamp = json.loads((out / STAMP).read_text())
     return Build(bin_dir=str(out / "build" / "bin"), source_dir=str(llama), source=source, version=label,
-                 llama_commit=stamp.get("llama_commit"), cuda=cuda, cpu_only_reason=cpu_only_reason, flags=tuple(wanted["flags"]),
+                 llama_commit=stamp.get("llama_commit"), cuda=cuda, cpu_only_reason=cpu_only_reason,
+                 flags=tuple(wanted["flags"]),
                  targets=tuple(wanted["targets"]), host=wanted["host"])
 
 

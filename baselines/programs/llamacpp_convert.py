@@ -83,7 +83,8 @@ def convert(model_dir: str | os.PathLike, out_gguf: str | os.PathLike, source_di
     stamp_path.unlink(missing_ok=True)
     out_gguf.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_gguf.with_name(out_gguf.name + ".tmp")
-    run_logged([sys.executable, WRAPPER, source_dir, pre_tokenizer or "", model_dir, "--outfile", tmp, "--outtype", outtype],
+    run_logged([sys.executable, WRAPPER, source_dir, pre_tokenizer or "", model_dir,
+                "--outfile", tmp, "--outtype", outtype],
                out_gguf.with_name(out_gguf.name + ".log"), what=f"convert_hf_to_gguf {model_dir}")
     os.replace(tmp, out_gguf)
     write_json(stamp_path, stamp)
@@ -116,7 +117,8 @@ def llama_token_ids(tokenize_bin: str, gguf: str | os.PathLike, text: str) -> li
     res = subprocess.run([tokenize_bin, "-m", str(gguf), "--stdin", "--ids", "--no-escape", "--log-disable"],
                          input=text.encode("utf-8"), capture_output=True, timeout=300)
     if res.returncode != 0:
-        raise MoespacError(f"llama-tokenize failed (exit {res.returncode}): {res.stderr.decode(errors='replace')[-500:]}")
+        raise MoespacError(f"llama-tokenize failed (exit {res.returncode}): "
+                           f"{res.stderr.decode(errors='replace')[-500:]}")
     return parse_token_ids(res.stdout.decode("utf-8", errors="replace"))
 
 
@@ -138,5 +140,6 @@ def check_tokenization(tokenize_bin: str, gguf: str | os.PathLike, cases: list[t
 def tokenization_cases(tokenizer, prompts) -> list[tuple[str, str, list[int]]]:
     """The benchmark prompts as run (text, our ids) plus CHECK_STRINGS by the transformers tokenizer."""
     cases = [(p.id, p.text, p.ids) for p in prompts]
-    cases += [(f"check/{i}", s, tokenizer(s, add_special_tokens=False)["input_ids"]) for i, s in enumerate(CHECK_STRINGS)]
+    cases += [(f"check/{i}", s, tokenizer(s, add_special_tokens=False)["input_ids"])
+              for i, s in enumerate(CHECK_STRINGS)]
     return cases

@@ -113,16 +113,19 @@ def run_benchmark(args) -> dict:
             f"{have[0]} x {have[1]}; its README says to edit NLAYERS/NEXPERTS and rebuild for another model"))
     commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     b = build(src_dir=src, out=ROOT / f"build-{commit[:10]}", cuda="on", targets=("llama-speculative",))
-    target_gguf, draft_gguf = (ROOT / "gguf" / f"{pair.resolve().name}-{commit[:10]}-{r}-f16.gguf" for r in ("target", "draft"))
+    target_gguf, draft_gguf = (ROOT / "gguf" / f"{pair.resolve().name}-{commit[:10]}-{r}-f16.gguf"
+                               for r in ("target", "draft"))
     conversion = {r: convert(pair / r, g, src, "f16", source_id=b.source)
                   for r, g in (("target", target_gguf), ("draft", draft_gguf))}
     tok = load_tokenizer(str(pair / "target"))
-    prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context, args.max_new_tokens)
+    prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context,
+                                         args.max_new_tokens)
     requests = []
     for p in prompts:
         path = prompt_file(p.text)
         try:
-            requests.append(dict(id=p.id, **execute(command_line(b.bin_dir, target_gguf, draft_gguf, path, args), True)))
+            requests.append(dict(id=p.id,
+                                 **execute(command_line(b.bin_dir, target_gguf, draft_gguf, path, args), True)))
         finally:
             path.unlink(missing_ok=True)
     return wrapped_record(SYSTEM, dict(config_of(args), commit=commit), requests,

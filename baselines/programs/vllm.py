@@ -27,7 +27,8 @@ def add_arguments(p) -> None:
                    help="GiB of weights kept in host memory (default: half the target's weights; the paper used 60)")
     g.add_argument("--draft", action="store_true", help="speculative decoding with DIR/draft")
     g.add_argument("--draft-max", type=int, default=8, help="num_speculative_tokens (default: %(default)s)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's GPU memory share (default: %(default)s)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="vLLM's GPU memory share (default: %(default)s)")
 
 
 def skip_reason() -> str | None:
@@ -85,8 +86,10 @@ def run_benchmark(args) -> dict:
               max_model_len=args.max_context, gpu_memory_utilization=args.gpu_memory_utilization,
               speculative_config=spec)
     tok = load_tokenizer(str(pair / "target"))
-    prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context, args.max_new_tokens)
-    llm.generate([TokensPrompt(prompt_token_ids=prompts[0].ids)], SamplingParams(**sampling_options(args, 2)))  # warm-up
+    prompts, skipped = benchmark_prompts(tok, args.benchmark, args.limit, args.seed, args.max_context,
+                                         args.max_new_tokens)
+    # warm-up
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0].ids)], SamplingParams(**sampling_options(args, 2)))
     requests = []
     for p in prompts:
         t0 = time.perf_counter()

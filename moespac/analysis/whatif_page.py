@@ -28,8 +28,8 @@ def render_locality(record: dict) -> str:
     lines = ["# What-if: tokens/s against routing locality (timing: simulated)", "",
              f"{cfg['model_spec']} experts on {cfg['hardware']}, draft {cfg['draft_spec']} charged to the speculative "
              f"methods, cache ratio {cfg['cache_ratio']:g}. Synthetic traces: {cfg['tokens']} new tokens, gamma "
-             f"{cfg['gamma']}, draft acceptance {cfg['accept']:g}, persistence {cfg['persistence']:g}. Distinct experts "
-             f"per layer in a decode step; uniform routing gives {m['uniform_distinct']:.1f}.", "",
+             f"{cfg['gamma']}, draft acceptance {cfg['accept']:g}, persistence {cfg['persistence']:g}. "
+             f"Distinct experts per layer in a decode step; uniform routing gives {m['uniform_distinct']:.1f}.", "",
              "| " + " | ".join(head + ["MoE-SpAc hit rate", "MoE-SpAc vs best other"]) + " |",
              "|" + "---|" * (len(head) + 2)]
     for row in m["rows"]:

@@ -56,7 +56,8 @@ def validate_record(source) -> dict:
     """Validate a record (dict or file path) against the schema and for completeness; returns the record."""
     record = source if isinstance(source, dict) else read_record(source)
     where = "record" if isinstance(source, dict) else f"record {source}"
-    errors = sorted(_validator().iter_errors(record), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    errors = sorted(_validator().iter_errors(record),
+                    key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         e = errors[0]
         at = "/".join(map(str, e.absolute_path)) or "(top)"
@@ -72,7 +73,8 @@ def check_complete(record: dict, where: str = "record") -> None:
         return
     counts, requests, skipped = record["counts"], record["requests"], record["skipped"]
     if counts["requests"] != len(requests) or record["metrics"]["requests"] != len(requests):
-        raise MoespacError(f"{where}: partial: counts say {counts['requests']} requests, the record holds {len(requests)}")
+        raise MoespacError(f"{where}: partial: counts say {counts['requests']} requests, "
+                           f"the record holds {len(requests)}")
     if counts["skipped"] != len(skipped):
         raise MoespacError(f"{where}: partial: counts say {counts['skipped']} skipped, the record lists {len(skipped)}")
     firsts = {r["prompt_id"] for r in requests if r["turn"] == 1} | {s["id"] for s in skipped if "#" not in s["id"]}

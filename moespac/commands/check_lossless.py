@@ -57,8 +57,8 @@ def run(args) -> int:
               f"({'stock model' if args.reference == 'stock' else 'every expert on the host'})")
     if bad:
         for m in bad[:20]:
-            print(f"MISMATCH prompt {m.prompt} batch {m.batch_size} gamma {m.gamma} cache ratio {m.cache_ratio}: first differs at "
-                  f"token {m.position} (HF generate {m.expected}, speculative {m.got})")
+            print(f"MISMATCH prompt {m.prompt} batch {m.batch_size} gamma {m.gamma} cache ratio {m.cache_ratio}: "
+                  f"first differs at token {m.position} (HF generate {m.expected}, speculative {m.got})")
         print(f"FAIL: {len(bad)}/{n} runs differ ({combos})")
         return 1
     print(f"OK: greedy speculative output equals HF greedy generate() token for token in all {n} sequences ({combos})")

@@ -38,7 +38,8 @@ def run(args) -> int:
     if args.gamma < 1 or args.requests < 1 or args.new_tokens < 2:
         raise MoespacError("--gamma and --requests must be >= 1, --new-tokens >= 2")
     spec = get_spec(args.model_spec)
-    names = list(BENCHMARKS) if args.benchmarks == "all" else [get_benchmark(b).name for b in args.benchmarks.split(",")]
+    names = (list(BENCHMARKS) if args.benchmarks == "all"
+             else [get_benchmark(b).name for b in args.benchmarks.split(",")])
     targets, smape_target = pr.paper_targets()
     fitted, smape_note = pr.fit_routing(spec, {b: t for b, t in targets.items()}, smape_target, gamma=args.gamma,
                                         seed=args.seed, log=lambda m: print(m, flush=True))
@@ -54,13 +55,15 @@ def run(args) -> int:
                    residual={k: got[k] - v for k, v in dict(want, smape=smape_target).items()},
                    filled=bench not in fitted)
         if args.seeds:
-            per_seed = [pr.measured_statistics(pr.paper_regime_trace(spec, params[bench], shape, seed=s)) for s in args.seeds]
+            per_seed = [pr.measured_statistics(pr.paper_regime_trace(spec, params[bench], shape, seed=s))
+                        for s in args.seeds]
             row["seed_spread"] = {k: [min(m[k] for m in per_seed), max(m[k] for m in per_seed)] for k in got}
         rows[bench] = row
         if args.traces:
             out = Path(args.traces)
             trace.save(out / f"{bench}-g{args.gamma}.npz")
-            pr.paper_regime_trace(spec, params[bench], shape, seed=args.seed, benchmark=bench, ar=True).save(out / f"{bench}-ar.npz")
+            pr.paper_regime_trace(spec, params[bench], shape, seed=args.seed, benchmark=bench,
+                                  ar=True).save(out / f"{bench}-ar.npz")
         fmt = lambda k: f"{want[k]:.2f} / {got[k]:.3f}" if k in want else f"  -  / {got[k]:.3f}"
         print(f"{bench:10s} {fmt('alpha'):>13s} {fmt('a_over_b'):>13s} {got['smape']:6.3f}  temperature "
               f"{params[bench].temperature:.3f}, persistence {params[bench].persistence:.4f}"
@@ -68,7 +71,8 @@ def run(args) -> int:
     for note in (fill_rule, smape_note):
         if note:
             print(f"note: {note}")
-    write_json(args.json, dict(kind="fit-routing", source=pr.SOURCE, model_spec=spec.name, shape=dataclasses.asdict(shape),
-                               seed=args.seed, smape_target=smape_target, smape_note=smape_note, fill_rule=fill_rule,
+    write_json(args.json, dict(kind="fit-routing", source=pr.SOURCE, model_spec=spec.name,
+                               shape=dataclasses.asdict(shape), seed=args.seed, smape_target=smape_target,
+                               smape_note=smape_note, fill_rule=fill_rule,
                                reads=sorted(pr.ROUTING_QUANTITIES) + ["smape"], benchmarks=rows))
     return 0

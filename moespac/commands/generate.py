@@ -11,7 +11,8 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate with speculative decoding over the hybrid expert engine")
     add_model_args(p)
     add_engine_args(p)
-    p.add_argument("--prompt", required=True, help="prompt text (the chat template is applied if the tokenizer has one)")
+    p.add_argument("--prompt", required=True,
+                   help="prompt text (the chat template is applied if the tokenizer has one)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--greedy", action="store_true", help="greedy decoding (default: sample at --temperature)")
@@ -52,8 +53,10 @@ def run(args) -> int:
         spec = spec_from_config(session.target.config, name=args.target)
         if args.trace:
             session.record(spec.to_dict(), meta=dict(target=args.target, draft=args.draft, gamma=gamma, batch_size=1,
-                                                     policy=args.policy, cache_ratio=session.runtime.cache.capacity
-                                                     / max(session.topology.num_layers * session.topology.num_experts, 1)))
+                                                     policy=args.policy,
+                                                     cache_ratio=session.runtime.cache.capacity
+                                                     / max(session.topology.num_layers
+                                                           * session.topology.num_experts, 1)))
         prompt = encode_prompt(tok, args.prompt, args.raw)
         (res,), stats = session.generate([prompt], gamma=gamma, max_new_tokens=args.max_new_tokens, sampling=sampling)
         trace = session.finish_trace(trace_id=f"generate-{args.policy}-{args.seed}") if args.trace else None
@@ -67,7 +70,8 @@ def run(args) -> int:
         print(f"acceptance rate {res.acceptance_rate:.3f} ({res.accepted}/{res.drafted} drafts, gamma {args.gamma})")
     print(f"cache hit rate {stats['hit_rate']:.3f}   hits {stats['hits']}   on-demand loads {stats['loads']}   "
           f"host-computed experts {stats['host']}   prefetched {stats['prefetched']}   "
-          f"bytes copied {stats['bytes_copied']}   slots {stats['capacity']} ({plan.requested})   policy {stats['policy']}")
+          f"bytes copied {stats['bytes_copied']}   slots {stats['capacity']} ({plan.requested})   "
+          f"policy {stats['policy']}")
     tau = stats["policy_stats"].get("tau_per_layer_mean")
     if tau is not None:
         print("tau per layer " + " ".join(f"{t:.2f}" if isinstance(t, float) else str(t) for t in tau))

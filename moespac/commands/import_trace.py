@@ -11,11 +11,12 @@ from moespac.iopaths import IO
 def register(sub) -> None:
     p = sub.add_parser("import-trace", help="turn SGLang's returned routed experts (or our plain JSONL) into a trace",
                        description=__doc__.splitlines()[0],
-                       epilog="Formats and the step rule: docs/internals.md (moespac/import_trace.py); the workflow: README, "
-                              "'Bring your own routing'.")
+                       epilog="Formats and the step rule: docs/internals.md (moespac/import_trace.py); "
+                              "the workflow: README, 'Bring your own routing'.")
     p.add_argument("file", metavar="FILE", help="JSONL: SGLang responses, one per line, or our plain records")
     p.add_argument("--format", required=True, choices=["sglang", "jsonl"],
-                   help="sglang: /generate responses with meta_info.routed_experts; jsonl: one record per (request, token)")
+                   help="sglang: /generate responses with meta_info.routed_experts; "
+                        "jsonl: one record per (request, token)")
     p.add_argument("--out", required=True, help="trace file to write (.npz)")
     p.add_argument("--gamma", type=int, default=8, help="drafted tokens per verify step; 0 = autoregressive steps")
     p.add_argument("--acceptance", type=finite, default=None,
@@ -45,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     from moespac.sim.simulate import spec_named
 
     spec = spec_named(args.model_spec) if args.model_spec else None
-    trace, summary = import_trace(args.file, args.format, args.gamma, args.acceptance, spec, args.num_experts, args.top_k,
-                                  limit=args.limit, max_new_tokens=args.max_new_tokens, benchmark=args.benchmark,
-                                  model=args.model)
+    trace, summary = import_trace(args.file, args.format, args.gamma, args.acceptance, spec, args.num_experts,
+                                  args.top_k, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                                  benchmark=args.benchmark, model=args.model)
     trace.save(args.out)
     if args.json:
         write_json(args.json, dict(kind="import-trace", out=args.out, **summary))

@@ -11,7 +11,8 @@ DEFAULT = "paper_figs/MANIFEST.json"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("manifest", help="content hashes of a study's weights, traces and simulated records; check a rerun",
+    p = sub.add_parser("manifest",
+                       help="content hashes of a study's weights, traces and simulated records; check a rerun",
                        description=__doc__.splitlines()[0])
     msub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     w = msub.add_parser("write", help="list results/ into a manifest (what paper_figs/ was made from)")

@@ -14,7 +14,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("plan", help="device and host memory of a run and the slot count that fits, before loading",
                        description=__doc__.splitlines()[0])
-    p.add_argument("--target", required=True, help="target MoE model: local folder or hub id (the paper's are known offline)")
+    p.add_argument("--target", required=True,
+                   help="target MoE model: local folder or hub id (the paper's are known offline)")
     p.add_argument("--draft", default=None, help="draft model: local folder or hub id")
     p.add_argument("--dtype", default="auto", help="auto (the checkpoint's), fp32, bf16, fp16 or fp64")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"],

@@ -1,4 +1,5 @@
-"""`moespac proxy-stats`: acceptance rate, expert popularity and locality of a proxy pair, next to the paper's numbers."""
+"""`moespac proxy-stats`: acceptance rate, expert popularity and locality of a proxy pair, next to the paper's
+numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from moespac.iopaths import IO
 
 
 def register(sub) -> None:
-    p = sub.add_parser("proxy-stats", help="measure a proxy pair: acceptance per benchmark, expert popularity, locality")
+    p = sub.add_parser("proxy-stats",
+                       help="measure a proxy pair: acceptance per benchmark, expert popularity, locality")
     p.add_argument("--pair", required=True, help="folder with target/ and draft/ (from `moespac build-proxy`)")
     p.add_argument("--benchmarks", default="all", help="'all' or comma-separated benchmark names")
     p.add_argument("--prompts", type=int, default=10, help="prompts per benchmark (seeded sample)")
@@ -54,7 +56,8 @@ def run(args) -> int:
     if args.json:
         config = dict(pair=args.pair, benchmarks=names, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                       gamma=args.gamma, seed=args.seed, temperature=args.temperature, threads=threads)
-        write_result(args.json, make_record("proxy-stats", "measured", config, dict(benchmarks=proxy_stats.to_dicts(rows)),
+        write_result(args.json, make_record("proxy-stats", "measured", config,
+                                            dict(benchmarks=proxy_stats.to_dicts(rows)),
                                             paper=proxy_stats.paper_reference(), model="locally trained proxy pair"))
         print(f"record: {args.json}")
     return 0

@@ -59,7 +59,8 @@ def _bench_cell(args, cfg, trace) -> int:
     from moespac.bench.harness import BenchConfig, run_bench, run_to_file
     from moespac.commands.bench import summary_text as cell_text
 
-    if cfg.expert_dtype is not None or cfg.warm_cache:  # a cell is the paper's protocol: cold requests, the spec's dtype
+    # a cell is the paper's protocol: cold requests, the spec's dtype
+    if cfg.expert_dtype is not None or cfg.warm_cache:
         raise MoespacError(f"trace {cfg.trace} is a benchmark's: its replay is a table cell, which has no "
                            "--expert-dtype or --warm-cache (drop them, or replay a trace that names no benchmark)")
     shared = {f.name for f in dataclasses.fields(BenchConfig)} & {f.name for f in dataclasses.fields(cfg)}
@@ -74,8 +75,10 @@ def summary_text(record: dict) -> str:
     m, c = record["metrics"], record["cache"]
     lines = [
         f"simulated: {record['policy']['name']} on {record['profile']['name']} "
-        f"(sha256 {record['profile']['sha256'][:12]}), model {record['model_spec']}, trace {record['trace']['id'] or '?'}",
-        f"  cache {c['slots']} slots ({c['ratio']:.1%}){'' if c['fits_device_memory'] else ' - more than fits in device memory'}; "
+        f"(sha256 {record['profile']['sha256'][:12]}), model {record['model_spec']}, "
+        f"trace {record['trace']['id'] or '?'}",
+        f"  cache {c['slots']} slots ({c['ratio']:.1%})"
+        f"{'' if c['fits_device_memory'] else ' - more than fits in device memory'}; "
         f"draft {record['draft']['spec']} ({record['draft']['source']})",
         f"  {m['tokens_per_s']:.2f} tokens/s decode, latency {m['latency_s']:.3f} s "
         f"(prefill {m['prefill_latency_s']:.3f} s), hit rate {m['hit_rate']:.3f}, host share {m['host_share']:.3f}",

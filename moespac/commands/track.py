@@ -42,7 +42,8 @@ def run_ingest(args) -> int:
     for skipped in summary.skipped:
         print(f"record {skipped['path']}: skipped: {skipped['reason']}")
     print(f"MLflow {summary.tracking_uri}: {summary.created} runs created, {summary.updated} updated, "
-          f"{summary.unchanged} unchanged, {summary.stale} stale deleted, {len(summary.skipped)} skipped, {len(summary.invalid)} left out as invalid")
+          f"{summary.unchanged} unchanged, {summary.stale} stale deleted, {len(summary.skipped)} skipped, "
+          f"{len(summary.invalid)} left out as invalid")
     if args.summary:
         write_json(args.summary, asdict(summary))
     return 1 if summary.invalid else 0

@@ -75,8 +75,8 @@ class RuntimeConfig(CacheSize):
 
 
 class HybridRuntime:
-    def __init__(self, model, policy: Policy, config: RuntimeConfig = RuntimeConfig(), device: str | Device | None = None,
-                 costs: UnitCosts | None = None):
+    def __init__(self, model, policy: Policy, config: RuntimeConfig = RuntimeConfig(),
+                 device: str | Device | None = None, costs: UnitCosts | None = None):
         pairs = find_experts(model)
         if not pairs:
             raise MoespacError(f"{type(model).__name__} has no routed experts (not an MoE model)")
@@ -417,14 +417,16 @@ class HybridRuntime:
     def _cross_layer(self, layer: int, hidden: torch.Tensor) -> torch.Tensor | None:
         """Top-k of layer l+1's router on layer l's input (Fate / SpecExp predictors); None at the last layer
         or when neither the policy nor the trace wants it."""
-        wanted = "cross_layer_topk" in self.policy.requires or (self.recorder is not None and self.config.trace_cross_layer)
+        wanted = ("cross_layer_topk" in self.policy.requires
+                  or (self.recorder is not None and self.config.trace_cross_layer))
         if not wanted or layer + 1 >= self.topology.num_layers:
             return None
         router = self.routers[layer + 1]
         if router is None or not hasattr(router, "weight"):
             return None
         bias = getattr(router, "bias", None)
-        logits = F.linear(hidden.to(router.weight.dtype), router.weight, bias if isinstance(bias, torch.Tensor) else None)
+        logits = F.linear(hidden.to(router.weight.dtype), router.weight,
+                          bias if isinstance(bias, torch.Tensor) else None)
         return torch.topk(logits, self.topology.top_k, dim=-1).indices
 
     # -- results -------------------------------------------------------------------------------------

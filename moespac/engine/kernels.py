@@ -49,10 +49,12 @@ class ExpertLayout:
         for name in names:
             t = getattr(module, name, None)
             if not isinstance(t, torch.Tensor):
-                raise MoespacError(f"{where} ({type(module).__name__}): no expert tensor {name!r}; unsupported experts layout")
+                raise MoespacError(f"{where} ({type(module).__name__}): no expert tensor {name!r}; "
+                                   "unsupported experts layout")
             if t.dtype not in FLOAT_DTYPES:
                 raise MoespacError(f"{where} ({type(module).__name__}): expert tensor {name!r} is {t.dtype} "
-                                   "(quantized experts are not supported; load the model dequantized, e.g. --dtype bf16)")
+                                   "(quantized experts are not supported; load the model dequantized, "
+                                   "e.g. --dtype bf16)")
             if experts is not None and t.shape[0] != experts:
                 raise MoespacError(f"{where}: expert tensors disagree on the number of experts")
             experts = t.shape[0]

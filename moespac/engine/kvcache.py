@@ -85,7 +85,8 @@ class CachedModel:
         pos = (self.lengths[:, None] + torch.cumsum(new_valid, 1) - 1).clamp_min(0)
         mask = torch.cat([self.valid, new_valid], 1)
         batched = len(pending) > 1 or not bool(mask.all())
-        out = self.model(input_ids=ids, use_cache=True, position_ids=pos, attention_mask=mask.long() if batched else None,
+        out = self.model(input_ids=ids, use_cache=True, position_ids=pos,
+                         attention_mask=mask.long() if batched else None,
                          **({} if self.cache is None else {self.keyword: self.cache}), **self.extra,
                          **({"logits_to_keep": 1} if last_only and self.keeps_logits else {}))
         returned = out["cache"] if "cache" in out.keys() else out.get("past_key_values")

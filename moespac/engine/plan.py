@@ -123,9 +123,9 @@ def model_shape(config, dtype: torch.dtype | None = None, name: str = "") -> Mod
     kv, state = _kv(c, nbytes)
     top_k = int(getattr(c, "num_experts_per_tok", 0) or 0)
     ffn = int(getattr(c, "moe_intermediate_size", 0) or (getattr(c, "intermediate_size", 0) if experts else 0))
-    return ModelShape(name or getattr(config, "_name_or_path", "") or type(config).__name__, weight_bytes + expert_bytes,
-                      expert_bytes, each, len(experts), n_experts, block, kv, state, c.hidden_size, c.vocab_size,
-                      top_k, ffn, nbytes)
+    return ModelShape(name or getattr(config, "_name_or_path", "") or type(config).__name__,
+                      weight_bytes + expert_bytes, expert_bytes, each, len(experts), n_experts, block, kv, state,
+                      c.hidden_size, c.vocab_size, top_k, ffn, nbytes)
 
 
 class DoesNotFit(MoespacError):
@@ -178,7 +178,8 @@ class MemoryPlan:
         for k, v in self.device_fixed.items():
             rows.append(f"  {k:<34} {_gib(v):>12}")
         rows.append(f"  {'expert slots':<34} {_gib(self.slot_pool):>12}   {self.slots} of {self.total_slots} "
-                    f"experts x {t.expert_each / 2**20:.2f} MiB = cache ratio {self.cache_ratio:.3f} ({self.requested})")
+                    f"experts x {t.expert_each / 2**20:.2f} MiB = cache ratio {self.cache_ratio:.3f} "
+                    f"({self.requested})")
         rows.append(f"  {'total':<34} {_gib(self.device_total):>12}")
         hb = _gib(self.host_budget) if self.host_budget is not None else "not given"
         rows.append(f"host (budget {hb}):")
@@ -187,8 +188,8 @@ class MemoryPlan:
         return "\n".join(rows)
 
 
-def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_gib: float | None, host_gib: float | None,
-                context: int = 4096, batch: int = 1, gamma: int = 8, cuda: bool = True,
+def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, device_gib: float | None,
+                host_gib: float | None, context: int = 4096, batch: int = 1, gamma: int = 8, cuda: bool = True,
                 cache: CacheSize = CacheSize()) -> MemoryPlan:
     """The plan of one run (`cache`: the slots asked for, if any); raises MoespacError (one line) when it cannot
     fit."""

@@ -95,8 +95,8 @@ def plan_for(cfg: EngineConfig, device: str):
         gpu = torch.cuda.mem_get_info(torch.device(device))[0] / 2**30
     return plan_memory(target, draft, device_gib=gpu if cuda else None,
                        host_gib=cfg.host_gib if cfg.host_gib is not None else host_memory_gib(),
-                       context=min(cfg.context, longest), batch=cfg.batch_size, gamma=cfg.gamma if cfg.draft else 0, cuda=cuda,
-                       cache=cfg)
+                       context=min(cfg.context, longest), batch=cfg.batch_size, gamma=cfg.gamma if cfg.draft else 0,
+                       cuda=cuda, cache=cfg)
 
 
 def plan_verdict(cfg: EngineConfig, device: str) -> tuple[object | None, dict]:
@@ -105,7 +105,8 @@ def plan_verdict(cfg: EngineConfig, device: str) -> tuple[object | None, dict]:
     from moespac.engine.plan import DoesNotFit
 
     verdict = dict(target=cfg.target, draft=cfg.draft, device=device, gpu_gib=cfg.gpu_gib, host_gib=cfg.host_gib,
-                   cache_ratio=cfg.cache_ratio, batch_size=cfg.batch_size, gamma=cfg.gamma if cfg.draft else 0)  # as planned
+                   cache_ratio=cfg.cache_ratio, batch_size=cfg.batch_size,
+                   gamma=cfg.gamma if cfg.draft else 0)  # as planned
     try:
         plan = plan_for(cfg, device)
     except DoesNotFit as e:
@@ -144,7 +145,8 @@ class EngineSession:
         tokenizer = load_tokenizer(cfg.target, "target tokenizer", cfg.trust_remote_code)
         session = cls(target, None, tokenizer, cfg, plan, device)
         if cfg.draft:
-            draft = load_model(cfg.draft, "draft", cfg.dtype, session.runtime.device.torch_device, cfg.trust_remote_code)
+            draft = load_model(cfg.draft, "draft", cfg.dtype, session.runtime.device.torch_device,
+                               cfg.trust_remote_code)
             check_pair(target, draft, cfg.target, cfg.draft)
             session.draft = draft
         return session
@@ -163,9 +165,10 @@ class EngineSession:
         self.runtime.start_request(gamma=gamma if draft is not None else 0, batch_size=len(prompts), signals=sig,
                                    warmup_counts=warmup_counts, history=history)
         eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
-        results = speculative.generate_batch(self.target, prompts, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                                             sampling=sampling, runtime=self.runtime, eos_token_id=eos, request=request,
-                                             ignore_eos=ignore_eos, max_batch=max_batch or max(len(prompts), 1))
+        results = speculative.generate_batch(self.target, prompts, draft=draft, gamma=gamma,
+                                             max_new_tokens=max_new_tokens, sampling=sampling, runtime=self.runtime,
+                                             eos_token_id=eos, request=request, ignore_eos=ignore_eos,
+                                             max_batch=max_batch or max(len(prompts), 1))
         return results, self.runtime.stats()
 
     def record(self, model_spec: dict, meta: dict | None = None, cross_layer: bool = True, self_draft: bool = False):

@@ -61,7 +61,8 @@ class ExpertStore:
         self.experts = experts
         self.dtype = getattr(m0, self.layout.up).dtype
         self.num_experts = shapes[self.layout.up][0]
-        self.expert_bytes = sum(torch.Size(s[1:]).numel() for s in shapes.values()) * getattr(m0, self.layout.up).element_size()
+        self.expert_bytes = (sum(torch.Size(s[1:]).numel() for s in shapes.values())
+                             * getattr(m0, self.layout.up).element_size())
         self.int4 = transfer_scale < 1.0
         if self.int4 and not 0.25 <= transfer_scale <= INT4_MAX_SCALE:
             raise MoespacError(f"transfer_scale {transfer_scale}: the engine's compressed copies are INT4 only "
@@ -73,7 +74,8 @@ class ExpertStore:
         self.host_bytes = sum(b.numel() for b in self._blocks)
         self.shapes = {n: torch.Size(s) for n, s in shapes.items()}
         if self.int4:  # quantised once, as Fate keeps the INT4 versions on the host (weights only; biases exact)
-            self.int4_host = [{n: [int4_pack(w) for w in layer[n]] for n in self.layout.names[:2]} for layer in self.host]
+            self.int4_host = [{n: [int4_pack(w) for w in layer[n]] for n in self.layout.names[:2]}
+                              for layer in self.host]
         self.capacity = -1
         self.resize(capacity)
 

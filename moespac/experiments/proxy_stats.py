@@ -37,7 +37,8 @@ class BenchStats:
     tokens_per_step: float
     """Mean tokens a verify step yields (accepted + 1): the measured Omega."""
     top10_share: float
-    """Share of (token, slot) routing entries in decode steps taken by the top 10 % of a layer's experts, mean over layers."""
+    """Share of (token, slot) routing entries in decode steps taken by the top 10 % of a layer's experts, mean
+    over layers."""
     top10_uniform: float
     """What top10_share would be under uniform routing."""
     reuse: float
@@ -80,7 +81,8 @@ def scheduler_metrics(per_request: list[np.ndarray], gamma: int) -> tuple[float 
 
 
 def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_tokens: int = 128, gamma: int = 8,
-        seed: int = 0, temperature: float = 0.0, trace_dir: str | Path | None = None, progress=None) -> list[BenchStats]:
+        seed: int = 0, temperature: float = 0.0, trace_dir: str | Path | None = None,
+        progress=None) -> list[BenchStats]:
     """Speculative decoding of `prompts` prompts per benchmark, greedy (temperature 0) or sampled with exact
     speculative sampling; fixed length (EOS is ignored)."""
     from moespac.datasets import encode_prompts, get_benchmark, load_benchmark, seeded_sample
@@ -140,12 +142,14 @@ def run(pair: str | Path, benchmarks: list[str], prompts: int = 10, max_new_toke
     return out
 
 
-def render(rows: list[BenchStats], pair, gamma: int, prompts: int, max_new_tokens: int, temperature: float = 0.0) -> str:
+def render(rows: list[BenchStats], pair, gamma: int, prompts: int, max_new_tokens: int,
+           temperature: float = 0.0) -> str:
     ref = paper_reference()
     fmt = lambda v, d=3: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{d}f}"  # noqa: E731
     mode = "greedy" if temperature == 0 else f"sampled at temperature {temperature}"
     head = (f"proxy-stats: measured on the pair {pair} (a local pair, not Qwen3-30B-A3B); {mode} speculative "
-            f"decoding, gamma {gamma}, up to {prompts} prompts x {max_new_tokens} new tokens per benchmark (EOS ignored)")
+            f"decoding, gamma {gamma}, up to {prompts} prompts x {max_new_tokens} new tokens per benchmark "
+            f"(EOS ignored)")
     cols = ("benchmark", "prompts", "alpha", "paper alpha", "accepted/drafted", "tokens/step", "top-10% share", "reuse",
             "active", "sMAPE", "hot/cold acc", "balanced")
     table = [cols]
@@ -158,14 +162,17 @@ def render(rows: list[BenchStats], pair, gamma: int, prompts: int, max_new_token
                           for row in table]
     in_range = sum(0.4 <= r.alpha <= 0.9 for r in rows if not math.isnan(r.alpha))
     lines += ["",
-              "alpha: per-token acceptance rate as in the paper's token yield Omega(gamma, alpha) = (1 - alpha^(gamma+1)) / "
+              "alpha: per-token acceptance rate as in the paper's token yield "
+              "Omega(gamma, alpha) = (1 - alpha^(gamma+1)) / "
               "(1 - alpha), estimated as accepted / (accepted + rejected) drafts; accepted/drafted also counts the "
               "drafts after a step's first rejection; tokens/step = accepted + 1 per verify step",
               f"alpha in [0.4, 0.9] on {in_range} of {len(rows)} benchmarks (paper, Qwen3-30B-A3B + Qwen3-4B-FP8: "
-              f"{min(ref['alpha'].values()):.2f}-{max(ref['alpha'].values()):.2f} on CNN/DM, MT-Bench, GSM8K, HumanEval)",
+              f"{min(ref['alpha'].values()):.2f}-{max(ref['alpha'].values()):.2f} on CNN/DM, MT-Bench, GSM8K, "
+              f"HumanEval)",
               f"top-10% share: uniform routing would give {rows[0].top10_uniform:.3f}; reuse vs active: share of a "
               f"step's experts also active in the step before vs the share active (equal without temporal locality)",
-              f"paper: sMAPE {fmt(ref['smape'])} (Qwen3-30B, App. B.1), hot/cold accuracy ~{fmt(ref['hot_cold_accuracy'], 2)} "
+              f"paper: sMAPE {fmt(ref['smape'])} (Qwen3-30B, App. B.1), "
+              f"hot/cold accuracy ~{fmt(ref['hot_cold_accuracy'], 2)} "
               f"(Sec. 4.3, the share of experts classified correctly); balanced: mean of the hot and the cold recall "
               f"(a constant guess scores 0.5, while calling every expert cold scores 1 - k/E on plain accuracy; the "
               f"paper gives none); '-' = not available"]

@@ -94,7 +94,8 @@ def _methods_on(cfg: LocalitySweep, sd, ar, label: str, skipped: dict) -> dict[s
         rec = simulate(sim, trace=trace)
         out[slug] = dict({k: rec["metrics"][k] for k in ("tokens_per_s", "hit_rate", "host_share", "link_utilisation",
                                                          "decode_s")},
-                         breakdown_decode_s=rec["metrics"]["breakdown_decode_s"], profile_sha256=rec["profile"]["sha256"])
+                         breakdown_decode_s=rec["metrics"]["breakdown_decode_s"],
+                         profile_sha256=rec["profile"]["sha256"])
     return out
 
 

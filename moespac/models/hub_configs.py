@@ -84,7 +84,8 @@ def load_config(ref: str, trust_remote_code: bool = False, role: str = "model"):
             return AutoConfig.from_pretrained(str(Path(ref).expanduser()), local_files_only=True,
                                               trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
-            raise MoespacError(f"{role} {ref!r}: not a model folder with a config.json ({str(e).splitlines()[0]})") from None
+            raise MoespacError(f"{role} {ref!r}: not a model folder with a config.json "
+                               f"({str(e).splitlines()[0]})") from None
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False") or hub_unavailable(ref)
     if ref in HUB_CONFIGS and offline:
         return offline_config(ref)

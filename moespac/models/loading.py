@@ -68,7 +68,8 @@ def _from_pretrained(cls, ref: str, role: str, **kw):
     try:
         with warnings.catch_warnings():  # torch warns about the protocol of a pickle it is about to refuse
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return cls.from_pretrained(str(Path(ref).expanduser()) if is_local else ref, local_files_only=is_local, **kw)
+            return cls.from_pretrained(str(Path(ref).expanduser()) if is_local else ref, local_files_only=is_local,
+                                       **kw)
     except OSError as e:
         if is_local:
             raise MoespacError(f"{role} {ref!r}: not a loadable model folder ({_first_line(e)})") from None
@@ -87,7 +88,8 @@ def _first_line(e: BaseException) -> str:
     return lines[0].strip()[:300] if lines else type(e).__name__
 
 
-def load_model(ref: str, role: str = "model", dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False):
+def load_model(ref: str, role: str = "model", dtype: str = "auto", device: str = "cpu",
+               trust_remote_code: bool = False):
     """Load a causal LM from a local folder or a hub id; returns the model in eval mode."""
     from transformers import AutoModelForCausalLM
 

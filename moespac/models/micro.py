@@ -118,5 +118,6 @@ def make_micro(out: str | Path, arch: str = "qwen3_moe", seed: int = 0, vocab_si
         tokenizer.save_pretrained(d)
     (out / "README.md").write_text(
         f"# micro pair ({arch})\n\nRandom weights (seed {seed}) for tests and smoke runs: not a trained model.\n"
-        f"target: {arch}, {target.config.num_hidden_layers} layers; draft: dense qwen3, 1 layer; vocab {len(tokenizer)}.\n")
+        f"target: {arch}, {target.config.num_hidden_layers} layers; draft: dense qwen3, 1 layer; "
+        f"vocab {len(tokenizer)}.\n")
     return out

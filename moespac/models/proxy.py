@@ -1,6 +1,7 @@
 """The proxy pair: a small Qwen3-MoE target and a dense Qwen3 draft distilled from it, trained here on an
 offline chat corpus (every benchmark prompt held out) for a fixed number of steps, so that the whole pipeline
-runs on a laptop CPU and two builds of one config give the same weights on any machine. A locally trained proxy, not Qwen3-30B-A3B: its numbers describe the proxy.
+runs on a laptop CPU and two builds of one config give the same weights on any machine. A locally trained
+proxy, not Qwen3-30B-A3B: its numbers describe the proxy.
 
 Steps: corpus -> byte-level BPE tokenizer -> ChatML token stream -> target (CE + router aux loss) ->
 draft (KL to the target's logits mixed with CE) -> save_pretrained both + MODEL_CARD.md / model_card.json.
@@ -111,9 +112,9 @@ def build_proxy(out: str | Path, cfg: ProxyConfig, *, seed: int = 0, corpus_path
 
         val = evaluate(target, draft, val_batches, cfg.distill_ce_weight, continuations)
         routing = popularity(routing_counts(target, val_batches))
-        log(f"held-back: target CE {val['target_ce']:.3f}  aux {val['target_aux']:.3f}  draft KL {val['draft_kl']:.3f}  "
-            f"draft/target top-1 agreement {val['draft_agree']:.3f} (on target continuations "
-            f"{val.get('draft_agree_on_target_continuations', float('nan')):.3f})  "
+        log(f"held-back: target CE {val['target_ce']:.3f}  aux {val['target_aux']:.3f}  "
+            f"draft KL {val['draft_kl']:.3f}  draft/target top-1 agreement {val['draft_agree']:.3f} "
+            f"(on target continuations {val.get('draft_agree_on_target_continuations', float('nan')):.3f})  "
             f"top-10% expert share {routing['top10_share_mean']:.3f}")
 
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -18,7 +18,8 @@ HOLDOUT_RULE = ("a conversation is dropped if any message equals a benchmark pro
 
 def write_card(out: Path, card: dict) -> None:
     card = dict(card, title=f"moespac proxy pair ({card['config']['name']})", disclaimer=DISCLAIMER,
-                holdout_rule=HOLDOUT_RULE, timing="measured", created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                holdout_rule=HOLDOUT_RULE, timing="measured",
+                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 machine=dict(environment(), cpu_count=os.cpu_count()))
     write_json(out / "model_card.json", card)
     write_text(out / "MODEL_CARD.md", render(card))
@@ -27,7 +28,8 @@ def write_card(out: Path, card: dict) -> None:
 def render(c: dict) -> str:
     cfg, corpus, tgt, dft, val, rt = c["config"], c["corpus"], c["target"], c["draft"], c["held_back"], c["routing"]
     m = c["machine"]
-    load = f", load average {c['load_average_at_start']:.1f} at start" if c.get("load_average_at_start") is not None else ""
+    load = (f", load average {c['load_average_at_start']:.1f} at start"
+            if c.get("load_average_at_start") is not None else "")
     guard = f" within a {60 * cfg['budget_minutes']:.0f} s guard" if cfg.get('budget_minutes') is not None else ""
     lines = [
         f"# {c['title']}", "",
@@ -37,10 +39,11 @@ def render(c: dict) -> str:
         "(safetensors) and share one tokenizer (ChatML chat template).", "",
         "## Training data", "",
         f"- source: `{corpus['source']}` ({corpus['path']})",
-        f"- conversations read {corpus['read']}, kept {corpus['kept']} ({corpus['chars']:,} characters of message text), "
-        f"cut at 16k characters: {corpus['truncated']}",
+        f"- conversations read {corpus['read']}, kept {corpus['kept']} "
+        f"({corpus['chars']:,} characters of message text), cut at 16k characters: {corpus['truncated']}",
         f"- **held out: {corpus['held_out']} conversations dropped because they contain an evaluation prompt** "
-        f"(checked against all {corpus['benchmark_prompts']} offline prompts of the seven benchmarks; rule: {HOLDOUT_RULE})",
+        f"(checked against all {corpus['benchmark_prompts']} offline prompts of the seven benchmarks; "
+        f"rule: {HOLDOUT_RULE})",
         f"- non-English (under 90 % ASCII) dropped: {corpus['non_english']}",
         f"- format: each conversation rendered with the ChatML chat template, joined by `<|endoftext|>`; "
         f"{c['tokens']['train']:,} training tokens, {c['tokens']['held_back']:,} held back for the final losses",
@@ -48,12 +51,14 @@ def render(c: dict) -> str:
         f"vocabulary {c['tokens']['vocab']}", "",
         "## Models", "",
         "| | architecture | params | shape |", "|---|---|---|---|",
-        f"| target | Qwen3-MoE | {tgt['params']:,} ({tgt['active_params']:,} active per token) | {cfg['layers']} layers, "
+        f"| target | Qwen3-MoE | {tgt['params']:,} ({tgt['active_params']:,} active per token) | "
+        f"{cfg['layers']} layers, "
         f"hidden {cfg['hidden']}, {cfg['heads']} heads ({cfg['kv_heads']} KV) x {cfg['head_dim']}, {cfg['experts']} "
         f"experts top-{cfg['top_k']}, expert FFN {cfg['moe_ffn']}, router load-balancing loss (per layer, averaged) "
         f"coefficient {cfg['aux_loss_coef']} |",
         f"| draft | dense Qwen3 | {dft['params']:,} | {cfg['draft_layers']} layers, hidden {cfg['draft_hidden']}, "
-        f"FFN {cfg['draft_ffn']}{', embeddings / output head initialised from the target' if cfg['draft_from_target'] else ''} |",
+        f"FFN {cfg['draft_ffn']}"
+        f"{', embeddings / output head initialised from the target' if cfg['draft_from_target'] else ''} |",
         "", "## Training (fixed step counts; the seconds are measured)", "",
         "| | steps | tokens | seconds | tokens/s | final training losses (smoothed) |", "|---|---|---|---|---|---|",
         f"| target | {tgt['steps']} | {tgt['tokens']:,} | {tgt['seconds']} | {tgt['tokens_per_s']} | "
@@ -66,8 +71,8 @@ def render(c: dict) -> str:
         f"{cfg['seq_len']} tokens; fp32; draft loss = {1 - cfg['distill_ce_weight']:.2f} KL(target || draft) + "
         f"{cfg['distill_ce_weight']:.2f} CE; {cfg['onpolicy_share']:.0%} of the draft's batches are the target's own "
         f"greedy continuations ({cfg['onpolicy_tokens']} tokens) of {cfg['onpolicy_prompts']} first user turns of "
-        f"training conversations (on-policy distillation; generated in {dft.get('continuations_s', 0)} s of the draft's "
-        f"time).", "",
+        f"training conversations (on-policy distillation; generated in {dft.get('continuations_s', 0)} s of "
+        f"the draft's time).", "",
         "Held-back tokens: " + ", ".join(f"{k.replace('_', ' ')} {v:.3f}" for k, v in val.items()) +
         " (draft agree = share of positions where the draft's top token is the target's).", "",
         f"Expert popularity on the held-back tokens (uniform routing would give a top-10 % share of "

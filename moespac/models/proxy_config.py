@@ -99,12 +99,14 @@ class ProxyConfig:
             if getattr(self, key) <= 0:
                 raise MoespacError(f"proxy config {key} = {getattr(self, key)} must be positive")
         checks = [
-            ("budget_minutes", self.budget_minutes is None or 0 < self.budget_minutes < 1e6, "must be positive minutes"),
+            ("budget_minutes", self.budget_minutes is None or 0 < self.budget_minutes < 1e6,
+             "must be positive minutes"),
             ("corpus", self.corpus in corpora.CORPORA, f"must be one of {', '.join(corpora.CORPORA)}"),
             ("vocab_size", self.vocab_size >= 300, "must be >= 300 (256 bytes + specials + merges)"),
             ("top_k", self.top_k <= self.experts, f"must be <= experts ({self.experts})"),
             ("kv_heads", self.heads % self.kv_heads == 0, f"must divide heads ({self.heads})"),
-            ("draft_kv_heads", self.draft_heads % self.draft_kv_heads == 0, f"must divide draft_heads ({self.draft_heads})"),
+            ("draft_kv_heads", self.draft_heads % self.draft_kv_heads == 0,
+             f"must divide draft_heads ({self.draft_heads})"),
             ("draft_from_target", not self.draft_from_target or self.draft_hidden == self.hidden,
              f"needs draft_hidden == hidden ({self.draft_hidden} != {self.hidden})"),
             ("distill_ce_weight", 0 <= self.distill_ce_weight <= 1, "must be in [0, 1]"),
@@ -137,7 +139,8 @@ class ProxyConfig:
         return Qwen3Config(
             vocab_size=vocab, hidden_size=self.draft_hidden, num_hidden_layers=self.draft_layers,
             num_attention_heads=self.draft_heads, num_key_value_heads=self.draft_kv_heads, head_dim=self.head_dim,
-            intermediate_size=self.draft_ffn, max_position_embeddings=self.context, tie_word_embeddings=self.tie_embeddings,
+            intermediate_size=self.draft_ffn, max_position_embeddings=self.context,
+            tie_word_embeddings=self.tie_embeddings,
             rms_norm_eps=1e-6)
 
 
@@ -156,9 +159,10 @@ CONFIGS: dict[str, ProxyConfig] = {c.name: c for c in [
                 onpolicy_prompts=64, onpolicy_tokens=128, aux_loss_coef=0.001),
     # seconds-scale pair for tests
     ProxyConfig("tiny", target_steps=40, draft_steps=20, corpus="pydoc", corpus_chars=500_000,
-                tokenizer_chars=500_000, vocab_size=512, seq_len=64, layers=2, hidden=32, heads=2, kv_heads=1, head_dim=16, experts=8,
-                top_k=2, moe_ffn=16, draft_layers=1, draft_hidden=32, draft_heads=2, draft_kv_heads=1,
-                draft_ffn=64, warmup_steps=5, val_windows=4, context=1024, onpolicy_prompts=8, onpolicy_tokens=16),
+                tokenizer_chars=500_000, vocab_size=512, seq_len=64, layers=2, hidden=32, heads=2, kv_heads=1,
+                head_dim=16, experts=8, top_k=2, moe_ffn=16, draft_layers=1, draft_hidden=32, draft_heads=2,
+                draft_kv_heads=1, draft_ffn=64, warmup_steps=5, val_windows=4, context=1024, onpolicy_prompts=8,
+                onpolicy_tokens=16),
 ]}
 
 
@@ -168,11 +172,13 @@ def get_config(name: str, overrides: dict[str, str] | None = None) -> ProxyConfi
         raise MoespacError(f"unknown proxy config {name!r}; one of {', '.join(CONFIGS)}")
     cfg = CONFIGS[name]
     # an optional field (None by default) takes a number
-    fields = {f.name: float if getattr(cfg, f.name) is None else type(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    fields = {f.name: float if getattr(cfg, f.name) is None else type(getattr(cfg, f.name))
+              for f in dataclasses.fields(cfg)}
     changes = {}
     for key, text in (overrides or {}).items():
         if key not in fields or key == "name":
-            raise MoespacError(f"--set {key}: unknown proxy config key; keys: {', '.join(k for k in fields if k != 'name')}")
+            raise MoespacError(f"--set {key}: unknown proxy config key; "
+                               f"keys: {', '.join(k for k in fields if k != 'name')}")
         kind = fields[key]
         try:
             changes[key] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)

@@ -186,7 +186,8 @@ def routing_counts(model, batches) -> torch.Tensor:
         for x in batches:
             logits = model(input_ids=x, output_router_logits=True).router_logits
             k = model.config.num_experts_per_tok
-            c = torch.stack([torch.bincount(torch.topk(l, k, -1).indices.flatten(), minlength=l.shape[-1]) for l in logits])
+            c = torch.stack([torch.bincount(torch.topk(l, k, -1).indices.flatten(), minlength=l.shape[-1])
+                             for l in logits])
             counts = c if counts is None else counts + c
     return counts
 
@@ -213,5 +214,6 @@ def evaluate(target, draft, batches, ce_weight: float, continuations=None) -> di
             for k, v in [*(("target_" + k, v) for k, v in m.items()), *(("draft_" + k, v) for k, v in d.items())]:
                 tot[k] = tot.get(k, 0.0) + v / len(batches)
         if continuations is not None and len(continuations[0]):
-            tot["draft_agree_on_target_continuations"] = distill_loss(target, ce_weight)(draft, continuations)[1]["agree"]
+            tot["draft_agree_on_target_continuations"] = (
+                distill_loss(target, ce_weight)(draft, continuations)[1]["agree"])
     return {k: round(v, 4) for k, v in tot.items()}

@@ -53,7 +53,8 @@ class ModelSpec:
 
     def __post_init__(self):
         if self.dtype not in BYTES_PER_PARAM:
-            raise MoespacError(f"model spec {self.name!r}: unknown dtype {self.dtype!r}; one of {sorted(BYTES_PER_PARAM)}")
+            raise MoespacError(f"model spec {self.name!r}: unknown dtype {self.dtype!r}; "
+                               f"one of {sorted(BYTES_PER_PARAM)}")
         for f in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size"):
             if getattr(self, f) <= 0:
                 raise MoespacError(f"model spec {self.name!r}: {f} must be positive, got {getattr(self, f)}")
@@ -134,7 +135,8 @@ PAPER_MODELS: dict[str, ModelSpec] = {
         _spec(name="qwen3.5-122b-a10b", hub_id="Qwen/Qwen3.5-122B-A10B", num_layers=48, num_moe_layers=48,
               num_experts=256, num_shared_experts=1, top_k=8, hidden_size=3072, expert_ffn=1024,
               num_attention_heads=32, num_kv_heads=2, head_dim=256, vocab_size=248320,
-              source="hub config.json (hybrid linear/full attention; attention numbers are the full-attention layers')"),
+              source="hub config.json (hybrid linear/full attention; "
+                     "attention numbers are the full-attention layers')"),
         _spec(name="minimax-m2.5", hub_id="MiniMaxAI/MiniMax-M2.5", num_layers=62, num_moe_layers=62,
               num_experts=256, num_shared_experts=0, top_k=8, hidden_size=3072, expert_ffn=1536,
               num_attention_heads=48, num_kv_heads=8, head_dim=128, vocab_size=200064, dtype="fp8",
@@ -155,7 +157,8 @@ def spec_from_config(config, name: str = "local", hub_id: str | None = None) -> 
     """Build a ModelSpec from a transformers config (MoE or dense)."""
     c = config.get_text_config() if hasattr(config, "get_text_config") else config
     n_layers = c.num_hidden_layers
-    n_experts = getattr(c, "num_experts", None) or getattr(c, "n_routed_experts", None) or getattr(c, "num_local_experts", None) or 0
+    n_experts = (getattr(c, "num_experts", None) or getattr(c, "n_routed_experts", None)
+                 or getattr(c, "num_local_experts", None) or 0)
     top_k = getattr(c, "num_experts_per_tok", 0) or 0
     moe_ffn = getattr(c, "moe_intermediate_size", None) or (getattr(c, "intermediate_size", 0) if n_experts else 0)
     dense_first = getattr(c, "first_k_dense_replace", 0) or 0
@@ -168,7 +171,8 @@ def spec_from_config(config, name: str = "local", hub_id: str | None = None) -> 
     heads = c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     shared = getattr(c, "n_shared_experts", 0) or 0
-    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(getattr(c, "dtype", "float32")).replace("torch.", ""), "fp32")
+    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
+        str(getattr(c, "dtype", "float32")).replace("torch.", ""), "fp32")
     return ModelSpec(
         name=name, hub_id=hub_id, num_layers=n_layers, num_moe_layers=len(moe_layers), num_experts=n_experts,
         num_shared_experts=shared, top_k=top_k, hidden_size=c.hidden_size, expert_ffn=moe_ffn if n_experts else 0,

@@ -117,7 +117,8 @@ class UtilityEstimator:
                  adaptive: bool = True, lam: float = 0.1, floor: float = 1.0, order: str = "after",
                  scope: str = "expert", rounding: str = "round"):
         self.K, self.adaptive, self.lam, self.order, self.scope = K, adaptive, lam, order, scope
-        self._lazy = adaptive and order == "after"  # calibration owed until the layer's next update (update's fast path)
+        # calibration owed until the layer's next update (update's fast path)
+        self._lazy = adaptive and order == "after"
         self.L = num_layers
         self._lam32 = np.float32(lam)
         # integer delta >= theta  <=>  delta * SCALE + offset > q, with theta rounded up / half up / down
@@ -172,7 +173,8 @@ class UtilityEstimator:
 
     def update(self, f: np.ndarray, rows=slice(None)) -> None:
         """One step for `rows` (a layer index or a slice) given activation frequencies f (same shape)."""
-        if f.dtype != np.int64 or not f.flags.c_contiguous:  # one kernel signature (the engine's counts pass as they are)
+        # one kernel signature (the engine's counts pass as they are)
+        if f.dtype != np.int64 or not f.flags.c_contiguous:
             f = np.ascontiguousarray(f, dtype=np.int64)
         if not isinstance(rows, slice) and self._lazy:  # the default, 48 calls a step: the call is the cost
             if self._owed[rows]:

@@ -253,8 +253,10 @@ class CostModel:
         total = params * bpp + kv
         if self.draft is not None:
             d = self.draft
-            dparams = d.num_layers * (d.attention_params() + 3 * d.hidden_size * d.dense_ffn) + 2 * d.vocab_size * d.hidden_size
-            total += dparams * BYTES_PER_PARAM[d.dtype] + batch * context * d.num_layers * 2 * d.num_kv_heads * d.head_dim * ACT_BYTES
+            dparams = (d.num_layers * (d.attention_params() + 3 * d.hidden_size * d.dense_ffn)
+                       + 2 * d.vocab_size * d.hidden_size)
+            total += (dparams * BYTES_PER_PARAM[d.dtype]
+                      + batch * context * d.num_layers * 2 * d.num_kv_heads * d.head_dim * ACT_BYTES)
         return int(total)
 
     def fit_slots(self, headroom_bytes: float = 2**30, context: int = 4096, batch: int = 1) -> int:

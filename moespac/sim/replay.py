@@ -102,7 +102,8 @@ class Replay:
             raise MoespacError(f"policy {policy.name!r} reads each request's future from its first step: "
                                "it needs cold requests (no warm_cache)")
         if not 0 <= capacity <= topo.num_layers * topo.num_experts:
-            raise MoespacError(f"cache capacity {capacity} outside [0, {topo.num_layers * topo.num_experts}] expert slots")
+            raise MoespacError(f"cache capacity {capacity} outside [0, {topo.num_layers * topo.num_experts}] "
+                               "expert slots")
         scale = float(getattr(policy, "transfer_scale", 1.0))
         if not 0.0 < scale <= 1.0:
             raise MoespacError(f"policy {policy.name!r}: transfer_scale {scale} outside (0, 1]")
@@ -124,8 +125,9 @@ class Replay:
         if "future" in self.policy.requires:
             t = self.timing
             self.policy.bind_trace(w.counts[steps], device_by_count=t.device_by_count, host_by_count=t.host_by_count,
-                                   hidden=t.hidden[steps], load=self.copy_s, serial=t.serial, attention=t.attention[steps],
-                                   other=t.other[steps], draft=t.draft[steps], device_call=t.device_call)
+                                   hidden=t.hidden[steps], load=self.copy_s, serial=t.serial,
+                                   attention=t.attention[steps], other=t.other[steps], draft=t.draft[steps],
+                                   device_call=t.device_call)
         gamma = int(w.steps["step_gamma"][steps].max()) if len(steps) else 0
         signals = trace.signals() | SIM_SIGNALS | ({"warmup_counts"} if self.warmup_counts is not None else set())
         ctx = PolicyContext(w.topology, self.capacity, self.per_layer_capacity, gamma=gamma,
@@ -222,7 +224,8 @@ class Replay:
         L = w.topology.num_layers
         st = self.step_time
         st["draft"][s], st["attention"][s], st["other"][s] = t.draft[s], L * attention, t.other[s]
-        st["stall"][s], st["expert"][s], st["expert_device"][s], st["expert_host"][s] = stall, expert, dev_busy, host_busy
+        (st["stall"][s], st["expert"][s], st["expert_device"][s],
+         st["expert_host"][s]) = stall, expert, dev_busy, host_busy
         self.now = now
 
     def _request_summary(self, steps, before: dict, after: dict) -> dict:

@@ -77,11 +77,13 @@ def resolve_spec(name: str, trace: Trace) -> ModelSpec:
         return spec_named(name)
     spec = trace.meta.get("model_spec")
     if not isinstance(spec, dict):
-        raise MoespacError(f"trace {trace.trace_id() or '?'}: meta 'model_spec' is not a model spec; name one with --model-spec")
+        raise MoespacError(f"trace {trace.trace_id() or '?'}: meta 'model_spec' is not a model spec; "
+                           "name one with --model-spec")
     try:
         return ModelSpec.from_dict(spec)
     except MoespacError as e:
-        raise MoespacError(f"trace {trace.trace_id() or '?'}: its model_spec is incomplete ({e}); name one with --model-spec") from None
+        raise MoespacError(f"trace {trace.trace_id() or '?'}: its model_spec is incomplete ({e}); "
+                           "name one with --model-spec") from None
 
 
 def resolve_draft(name: str | None, trace: Trace) -> tuple[ModelSpec | None, str]:
@@ -121,7 +123,8 @@ def profile_history(paths, spec, allow_topology_mismatch: bool, topology) -> tup
     for path in paths:
         t = load_trace(path)
         if t.topology != topology:  # another model's routing names other experts
-            raise MoespacError(f"profile trace {path}: topology {t.topology} differs from the replayed trace's {topology}")
+            raise MoespacError(f"profile trace {path}: topology {t.topology} differs from the replayed trace's "
+                               f"{topology}")
         w = make_workload(t, spec, allow_topology_mismatch, trace_path=path)
         history += [w.counts[steps].sum(axis=0, dtype=np.int64) for steps in w.requests()]
         ids.append(t.trace_id())
@@ -162,7 +165,8 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
         oracle_m = None
         if not cfg.warm_cache:  # the oracle reads each request's future: cold requests only
             same = name == "oracle" and not options  # the oracle's own cell: its replay is the bound's
-            oracle_m = metrics if same else run_policy(workload, timing, unit, "oracle", capacity, per_layer)[1].summary()
+            oracle_m = (metrics if same
+                        else run_policy(workload, timing, unit, "oracle", capacity, per_layer)[1].summary())
             oracle_m = {k: oracle_m[k] for k in ("tokens_per_s", "decode_s", "prefill_s", "latency_s", "hit_rate",
                                                  "host_share", "link_bytes")}
         extra["bounds"] = {"infinite_cache": bound, "oracle": oracle_m}
@@ -180,7 +184,8 @@ def simulate(cfg: SimConfig, trace: Trace | None = None) -> dict:
         profile={"name": profile.name, "sha256": profile.sha256, "path": profile.path,
                  "device_is_host": profile.device_is_host},
         trace={"id": trace.trace_id(), "path": str(Path(cfg.trace)) if cfg.trace else None,
-               "model": trace.meta.get("model_spec", {}).get("name") if isinstance(trace.meta.get("model_spec"), dict) else None,
+               "model": (trace.meta.get("model_spec", {}).get("name")
+                         if isinstance(trace.meta.get("model_spec"), dict) else None),
                "steps": trace.num_steps, "requests": len(result.requests)},
         model_spec=spec.name, draft={"spec": draft.name if draft else None, "source": draft_source},
         topology_mapping=workload.mapping,

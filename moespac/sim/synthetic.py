@@ -31,7 +31,8 @@ def synthetic_trace(topology: Topology, new_tokens: int = 512, gamma: int = 8, p
     (verify steps of gamma + 1 tokens when gamma > 0, else one-token AR steps)."""
     rng = np.random.default_rng(seed)
     L, E, k = topology.num_layers, topology.num_experts, topology.top_k
-    rows = {name: [] for name in ("step_kind", "step_request", "step_tokens", "step_gamma", "step_accepted", "step_emitted")}
+    rows = {name: [] for name in ("step_kind", "step_request", "step_tokens", "step_gamma", "step_accepted",
+                                  "step_emitted")}
     ids = []
     rho, scale = persistence, np.float32(np.sqrt(1 - persistence**2))
     for r in range(requests):

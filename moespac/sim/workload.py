@@ -63,7 +63,8 @@ class Workload:
         return self._per_layer(self.trace.step_self_draft(s))
 
     def _per_layer(self, rows: np.ndarray | None) -> np.ndarray | None:
-        """Trace rows [tokens, L, k] of expert ids -> [L, tokens, k] on the spec's topology (mapped like the routing)."""
+        """Trace rows [tokens, L, k] of expert ids -> [L, tokens, k] on the spec's topology (mapped like the
+        routing)."""
         if rows is None:
             return None
         rows = rows.transpose(1, 0, 2).astype(np.int64)

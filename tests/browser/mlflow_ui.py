@@ -95,8 +95,8 @@ def check(study: Path, out: Path) -> int:
             if not any(_close(c, tps) for c in cells):
                 print(f"{key}: no cell shows tokens/s {tps:.4g} (cells: {cells})", file=sys.stderr)
                 return 1
-        print(f"MLflow UI shows tokens_per_s for {len(want)} simulated cells ({benchmark}) on {HARDWARE} equal to table1.csv; "
-              f"screenshot {out}")
+        print(f"MLflow UI shows tokens_per_s for {len(want)} simulated cells ({benchmark}) on {HARDWARE} "
+              f"equal to table1.csv; screenshot {out}")
         return 0
     finally:
         server.terminate()
