@@ -141,7 +141,8 @@ def big_models(size: dict, device: str):
                          head_dim=size["head_dim"], num_experts=size["experts"], num_experts_per_tok=size["top_k"],
                          moe_intermediate_size=size["ffn"], intermediate_size=4 * size["hidden"], norm_topk_prob=True,
                          max_position_embeddings=4096, tie_word_embeddings=False)
-    dcfg = Qwen3Config(vocab_size=size["vocab"], hidden_size=size["draft_hidden"], num_hidden_layers=size["draft_layers"],
+    dcfg = Qwen3Config(vocab_size=size["vocab"], hidden_size=size["draft_hidden"],
+                       num_hidden_layers=size["draft_layers"],
                        num_attention_heads=8 if size["draft_hidden"] >= 512 else 2, num_key_value_heads=2,
                        head_dim=size["draft_hidden"] // (8 if size["draft_hidden"] >= 512 else 2),
                        intermediate_size=3 * size["draft_hidden"], max_position_embeddings=4096)
@@ -167,7 +168,7 @@ def full_size(lines, size: dict, device: str, out_dir: Path) -> dict:
     from moespac.models.specs import spec_from_config
     from moespac.registry import make_policy
     from moespac.atomic import write_text
-    from moespac.sim.calibrate import CalibrationConfig, calibrate
+    from moespac.bench.calibrate import CalibrationConfig, calibrate
     from moespac.sim.profile import profile_yaml
     from moespac.sim.simulate import SimConfig, simulate
 

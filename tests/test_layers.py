@@ -16,15 +16,15 @@ PACKAGES = ("moespac", "baselines")
 
 # bottom to top; a module belongs to the layer of its longest matching prefix
 LAYERS = [
-    ("foundation", ["moespac.errors", "moespac.pinning", "moespac.iopaths", "moespac.atomic", "moespac.hashing", "moespac.environment", "moespac.fetch",
-                    "moespac.record", "moespac.reference", "moespac.prompts", "moespac.datasets", "moespac.routing",
-                    "moespac.models", "moespac.configargs"]),
+    ("foundation", ["moespac.errors", "moespac.pinning", "moespac.iopaths", "moespac.atomic", "moespac.hashing",
+                    "moespac.environment", "moespac.fetch", "moespac.record", "moespac.reference", "moespac.prompts",
+                    "moespac.datasets", "moespac.routing", "moespac.models", "moespac.configargs"]),
     ("interface", ["moespac.policy", "moespac.cache", "moespac.trace"]),
     ("policies", ["moespac.scheduler", "baselines", "moespac.registry", "moespac.catalogue"]),
     ("drivers", ["moespac.engine", "moespac.sim", "moespac.numerics", "moespac.lossless"]),
     ("runs", ["moespac.bench", "moespac.import_trace", "moespac.ar_trace", "baselines.programs", "moespac.experiments",
               "moespac.workflow_checks"]),
-    ("outputs", ["moespac.analysis", "moespac.tracking", "moespac.manifest"]),
+    ("outputs", ["moespac.analysis", "moespac.tracking", "moespac.manifest", "moespac.study_plan"]),
     ("entry points", ["moespac.cli", "moespac.commands", "moespac.__main__", "moespac"]),
 ]
 

@@ -9,7 +9,7 @@ from moespac.cli import main
 from moespac.errors import MoespacError
 from moespac.models.specs import get_spec
 from moespac.policy import Topology
-from moespac.sim.calibrate import last_level_cache_bytes
+from moespac.bench.calibrate import last_level_cache_bytes
 from moespac.sim.profile import load_profile
 from moespac.sim.synthetic import hand_trace, synthetic_trace, toy_spec
 from moespac.sim.workload import make_workload
@@ -38,11 +38,13 @@ def test_simulate_writes_a_simulated_record(trace_path, tmp_path, capsys):
     assert rec["draft"]["source"].startswith("default (qwen3-4b-fp8")
     m = rec["metrics"]
     assert m["tokens"] == 23 and m["tokens_per_s"] == pytest.approx(23 / m["decode_s"])
-    assert set(m["breakdown_decode_s"]) == {"draft", "attention", "other", "stall", "expert", "expert_device", "expert_host"}
+    assert set(m["breakdown_decode_s"]) == {"draft", "attention", "other", "stall", "expert", "expert_device",
+                                            "expert_host"}
     assert m["link_bytes"] == m["counters"]["bytes_copied"] > 0
     b = rec["bounds"]
     assert b["infinite_cache"]["tokens_per_s"] >= m["tokens_per_s"]
-    assert rec["distance"]["of_infinite_cache"] == pytest.approx(m["tokens_per_s"] / b["infinite_cache"]["tokens_per_s"])
+    assert rec["distance"]["of_infinite_cache"] == pytest.approx(m["tokens_per_s"]
+                                                                 / b["infinite_cache"]["tokens_per_s"])
     text = capsys.readouterr().out
     assert "simulated: lru on rtx4090-pcie4" in text and "tokens/s" in text and "bounds:" in text
     from moespac.analysis.rows import record_row
@@ -116,7 +118,8 @@ def test_simulate_the_oracle_itself(trace_path, tmp_path):
     assert rec["policy"]["options"] == {"prefetch": False}
     assert rec["policy"]["stats"] == {"prefetch": False, "eager": False, "credit": False, "host": True, "plan": "best"}
     # every request names the plan it kept (on demand only, static start, static: none prefetches)
-    assert all(q["plan"]["plan"] in ("dynamic", "hybrid", "static") and not q["plan"]["prefetch"] for q in rec["requests"])
+    assert all(q["plan"]["plan"] in ("dynamic", "hybrid", "static") and not q["plan"]["prefetch"]
+               for q in rec["requests"])
     assert rec["metrics"]["tokens_per_s"] <= rec["bounds"]["infinite_cache"]["tokens_per_s"] * (1 + 1e-9)
 
 
@@ -130,7 +133,8 @@ def test_warmup_steps_sets_the_fiddler_profiling_window(trace_path, tmp_path, ca
     assert "warmup_steps -1 must be >= 0" in capsys.readouterr().err
     assert main(args + ["--warmup-steps", "4"]) == 0
     rec = json.loads(out.read_text())
-    assert rec["config"]["warmup_steps"] == 4 and rec["warmup_window"]["steps"] == 4 and rec["warmup_window"]["request"] == 0
+    assert (rec["config"]["warmup_steps"] == 4 and rec["warmup_window"]["steps"] == 4
+            and rec["warmup_window"]["request"] == 0)
     # routing entries of a prefill of 8 tokens and 3 verify steps of gamma + 1 = 4 tokens, 4 layers x top-2
     assert rec["warmup_window"]["entries"] == (8 + 3 * 4) * 4 * 2
 
@@ -163,8 +167,8 @@ def test_simulate_on_a_bench_trace_writes_the_cell_bench_writes(micro_dir, tmp_p
                  "--max-new-tokens", "4", "--ignore-eos", "--timing", "simulated", "--hardware", "h200",
                  "--trace", str(trace), "--out", str(tmp_path / "first.json"), "--no-progress"]) == 0
     cell = ["--hardware", "rtx4090-pcie4", "--cache-ratio", "0.25", "--no-bounds"]
-    assert main(["bench", "--benchmark", "gsm8k", "--timing", "simulated", "--from-trace", str(trace), "--method", "lru-sd",
-                 "--out", str(tmp_path / "bench.json"), "--no-progress", *cell]) == 0
+    assert main(["bench", "--benchmark", "gsm8k", "--timing", "simulated", "--from-trace", str(trace),
+                 "--method", "lru-sd", "--out", str(tmp_path / "bench.json"), "--no-progress", *cell]) == 0
     capsys.readouterr()
     assert main(["simulate", "--trace", str(trace), "--method", "lru-sd", "--policy", "lru", "--json",
                  str(tmp_path / "sim.json"), *cell]) == 0

@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moespac.errors import MoespacError
-    from moespac.sim.calibrate import CalibrationConfig, calibrate
+    from moespac.bench.calibrate import CalibrationConfig, calibrate
     from moespac.sim.profile import load_profile, profile_yaml
 
     if args.hidden < 8 or args.expert_ffn < 8 or args.repeats < 1:
@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     expert_gib = 3 * args.hidden * args.expert_ffn * 4 / 2**30  # gate, up, down in fp32 (the sweep's host dtype)
     host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     if expert_gib > host_gib / 8:  # the timing cycles several experts through memory at once
-        raise MoespacError(f"--hidden {args.hidden} x --expert-ffn {args.expert_ffn}: one expert is {expert_gib:.3g} GiB, "
-                           f"more than an eighth of this machine's {host_gib:.0f} GiB")
+        raise MoespacError(f"--hidden {args.hidden} x --expert-ffn {args.expert_ffn}: one expert is "
+                           f"{expert_gib:.3g} GiB, more than an eighth of this machine's {host_gib:.0f} GiB")
     if args.tokens is not None and (not args.tokens or min(args.tokens) < 1):
         raise MoespacError(f"--tokens {args.tokens}: positive token counts")
     if args.threads is not None and args.threads < 1:

@@ -3,16 +3,16 @@
 # the default profile) so that two timed jobs never share the accelerator (or, on a CPU, the cores).
 
 
+ruleorder: derive_ar_trace > record_trace
+
+
 rule record_trace:
     # One engine run records the activation trace every policy is then replayed on (routing does not depend
     # on the policy). gamma 0: autoregressive. Its record is a measured all-host run on this machine. One
     # thread, fixed (not {threads}, which --cores may change): the thread count is part of what decides the
-    # trace's floats, and so its sampled tokens. A batch-1 AR trace is by default the AR view of the speculative
-    # trace (`moespac derive-ar-trace`: the kept tokens' routing rows, one AR step each; `simulation.ar_traces`).
-    # An imported pair's trace comes from its file instead (`moespac import-trace`: a serving stack's routing,
-    # steps of gamma + 1 tokens).
+    # trace's floats, and so its sampled tokens.
     input:
-        source=get_trace_source,
+        pair=get_pair_ready,
     output:
         trace=cell_pattern("trace", ext=".npz"),
         record=cell_pattern("trace"),
@@ -20,13 +20,63 @@ rule record_trace:
         cell_pattern("trace", "results/logs/record_trace", ".log"),
     benchmark:
         cell_pattern("trace", "results/benchmarks/record_trace", ".tsv")
+    wildcard_constraints:
+        pair=alternatives(RECORDED_PAIRS),
     conda:
         "../envs/moespac.yaml"
     threads: 1
     params:
-        command=get_trace_command,
+        models=get_model_args,
+        limit=get_trace_limit,
+        prompts=get_prompt_args,
+        signals=get_recorded_signals,
     shell:
-        "{params.command} > {log} 2>&1"
+        "OMP_NUM_THREADS=1 moespac bench {params.models} --benchmark {wildcards.benchmark:q} --policy all-host"
+        " --cache-ratio 0 --gamma {wildcards.gamma} --batch-size {wildcards.batch} --max-new-tokens {wildcards.tokens}"
+        " {params.limit} {params.prompts} --warmup 0 --no-progress {params.signals}"
+        " --trace {output.trace:q} --out {output.record:q} > {log} 2>&1"
+
+
+rule derive_ar_trace:
+    # A batch-1 AR trace is by default the AR view of the speculative trace (`simulation.ar_traces`): the kept
+    # tokens' routing rows, one AR step each. No engine run.
+    input:
+        source=get_speculative_trace,
+    output:
+        trace=cell_pattern("trace", ext=".npz"),
+        record=cell_pattern("trace"),
+    log:
+        cell_pattern("trace", "results/logs/derive_ar_trace", ".log"),
+    wildcard_constraints:
+        pair=alternatives(DERIVED_AR_PAIRS),
+        gamma="0",
+        batch="1",
+    conda:
+        "../envs/moespac.yaml"
+    shell:
+        "moespac derive-ar-trace {input.source:q} --out {output.trace:q} --json {output.record:q} > {log} 2>&1"
+
+
+rule import_trace:
+    # An imported pair's trace comes from its file (`moespac import-trace`: a serving stack's routing, steps of
+    # gamma + 1 tokens).
+    input:
+        source=get_imported_file,
+    output:
+        trace=cell_pattern("trace", ext=".npz"),
+        record=cell_pattern("trace"),
+    log:
+        cell_pattern("trace", "results/logs/import_trace", ".log"),
+    wildcard_constraints:
+        pair=alternatives(IMPORTED_PAIRS),
+    conda:
+        "../envs/moespac.yaml"
+    params:
+        args=get_import_args,
+    shell:
+        "moespac import-trace {input.source:q} {params.args} --benchmark {wildcards.benchmark:q}"
+        " --gamma {wildcards.gamma} --max-new-tokens {wildcards.tokens} --out {output.trace:q}"
+        " --json {output.record:q} > {log} 2>&1"
 
 
 rule simulate_cell:

@@ -14,8 +14,8 @@ rule scheduler_overhead:
     resources:
         gpu=1,
     params:
-        alpha=FIGS["overhead_alpha"],
-        repeats=FIGS["overhead_repeats"],
+        alpha=config["figures"]["overhead_alpha"],
+        repeats=config["figures"]["overhead_repeats"],
     shell:
         "OMP_NUM_THREADS={threads} moespac report overhead --alpha {params.alpha} --repeats {params.repeats} --json {output} > {log} 2>&1"
 

@@ -294,9 +294,11 @@ def measure_engine_overheads(profile: HardwareProfile, repeats: int, cuda: bool,
             per_expert = n * tspec.top_k / max(host + on_device, 1)
             dev = (on_device * float(cm.device_expert_s(per_expert)) + (cm.device_call_s() if on_device else 0.0)
                    + loads[mode][layers] * cm.load_s())
-            off = host * float(cm.host_expert_s(per_expert)) + (cm.host_call_s() + float(cm.hidden_transfer_s(n)) if host else 0.0)
+            off = (host * float(cm.host_expert_s(per_expert))
+                   + (cm.host_call_s() + float(cm.hidden_transfer_s(n)) if host else 0.0))
             experts = float(expert_wall(dev, off, bare.device_is_host))
-            target_model_s[mode][layers] = layers * (float(cm.attention_s(n, prefix)) + experts) + float(cm.other_s(n, prefix))
+            target_model_s[mode][layers] = (layers * (float(cm.attention_s(n, prefix)) + experts)
+                                            + float(cm.other_s(n, prefix)))
             session.close()
             if mode == "host" and layers == 1:
                 loop = _loop_time(target, draft, gamma, device)
@@ -374,7 +376,8 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), name: str | None = N
         dhow = f"moespac calibrate, expert_ffn on {props.name}, {shape}, bf16"
         values = dict(device_mem_bandwidth=dev["mem_bandwidth"], device_flops=dev["flops"],
                       device_memory=float(props.total_memory), launch_overhead=dev["op_overhead_s"])
-        src.update(device_mem_bandwidth=f"measured: {dhow}, 1 token", device_flops=f"measured: {dhow}, best of the sweep",
+        src.update(device_mem_bandwidth=f"measured: {dhow}, 1 token",
+                   device_flops=f"measured: {dhow}, best of the sweep",
                    device_memory="torch.cuda.get_device_properties(0).total_memory",
                    launch_overhead=f"measured: {dhow}, 8x8 expert / {OPS_PER_EXPERT} kernels",
                    link_bandwidth="measured: pinned host -> device copy of one bf16 expert (gate_up + down), cycled",
@@ -388,7 +391,8 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), name: str | None = N
         src.update(device_mem_bandwidth=f"{same} (host_mem_bandwidth)", device_flops=f"{same} (host_flops)",
                    device_memory="CPU-only machine: host RAM (sysconf SC_PHYS_PAGES x SC_PAGE_SIZE)",
                    launch_overhead=f"{same} (host_op_overhead)",
-                   link_bandwidth=f"measured: memcpy of one {cfg.dtype} expert into a slot buffer (the CPU ExpertStore copy)",
+                   link_bandwidth=f"measured: memcpy of one {cfg.dtype} expert into a slot buffer "
+                                  "(the CPU ExpertStore copy)",
                    link_latency="measured: memcpy of an 8x8 expert (two copy_ calls)")
         notes = (f"Calibrated on a CPU-only machine ({cpu}, {threads} threads): the 'device' parameters equal the "
                  "host's and the link is a memcpy; device and host expert work run one after the other.")
