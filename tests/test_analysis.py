@@ -16,7 +16,8 @@ def test_paper_speedup_readings_and_the_claims_they_test():
     t1 = paper.table1()
     averages = t1[t1["benchmark"] == "average"].set_index("method")["tps"]
     r = audit.speedup_readings(averages)
-    assert (round(r["mean_of_ratios"], 2), round(r["geometric_mean"], 2), round(r["ratio_of_means"], 2)) == (6.92, 5.07, 3.68)
+    assert ((round(r["mean_of_ratios"], 2), round(r["geometric_mean"], 2), round(r["ratio_of_means"], 2))
+            == (6.92, 5.07, 3.68))
     assert r["n"] == 11
     verdicts = {c.claim: c.verdict for c in audit.claims()}
     assert verdicts["+41.9 % (\"42 %\") average TPS over the strongest baseline, llama.cpp-w/ SD"] == "re-derives"
@@ -50,7 +51,8 @@ def test_table1_keeps_timing_blocks_apart_and_computes_relative_improvement():
               ("measured", "moespac", "qa", 5.0, 8.0))
     long, blocks = tables.table1(df, ["gsm8k", "qa"])
     titles = [b.title.split(" — (paper N)")[0] for b in blocks]
-    assert titles == ["TPS, simulated on rtx4090-pcie4 — model: m; s", "latency (s), simulated on rtx4090-pcie4 — model: m; s",
+    assert titles == ["TPS, simulated on rtx4090-pcie4 — model: m; s",
+                      "latency (s), simulated on rtx4090-pcie4 — model: m; s",
                       "TPS, measured on CPU — model: m; s", "latency (s), measured on CPU — model: m; s"]
     # a block whose cells sit beside the paper's says, in its header, that those ran elsewhere on another model
     assert all("(paper N) = the paper's own run (RTX 4090" in b.title and "not this hardware nor this model"
@@ -153,7 +155,8 @@ def test_audit_sets_moespac_against_the_best_baseline_and_the_ablations_directio
     tables.table1(df, ["gsm8k"])[0].to_csv(tmp_path / "t1.csv", index=False)
     assert audit.our_comparison(tmp_path / "t1.csv")[0].endswith("cannot be called (no benchmark's intervals separate)")
     t2 = rows(("simulated", "moespac", "gsm8k", 20.0, 1.0), ("simulated", "moespac-no-adabc", "gsm8k", 22.0, 1.0),
-              ("simulated", "moespac-no-hetwb", "gsm8k", 18.0, 1.0), ("simulated", "moespac-released", "gsm8k", 30.0, 1.0))
+              ("simulated", "moespac-no-hetwb", "gsm8k", 18.0, 1.0),
+              ("simulated", "moespac-released", "gsm8k", 30.0, 1.0))
     long2, _ = tables.table2(t2)
     long2.to_csv(tmp_path / "t2.csv", index=False)
     [line] = audit.ablation_comparison(tmp_path / "t2.csv")
@@ -252,10 +255,11 @@ def test_table3_says_how_each_trace_stands_for_its_model():
     """A 128-expert top-8 trace mapped onto a 256-expert model reaches half of its experts; onto a 64-expert
     top-6 one it is folded and routes top-8: the Model column says so in words."""
     assert tables.mapping_tag("modulo: spec layer l replays trace layer l mod 12, trace expert e -> e mod 256 (trace "
-                              "num_layers=12 != spec num_moe_layers=48; trace num_experts=128 != spec num_experts=256)") \
+                              "num_layers=12 != spec num_moe_layers=48; trace num_experts=128 != spec "
+                              "num_experts=256)") \
         == "mapped: layers by modulo; trace reaches 128 of its 256 experts"
-    assert tables.mapping_tag("modulo: ... (trace num_layers=12 != spec num_moe_layers=26; trace num_experts=128 != spec "
-                              "num_experts=64; trace top_k=8 != spec top_k=6)") == \
+    assert tables.mapping_tag("modulo: ... (trace num_layers=12 != spec num_moe_layers=26; "
+                              "trace num_experts=128 != spec num_experts=64; trace top_k=8 != spec top_k=6)") == \
         "mapped: layers by modulo; trace's 128 experts folded onto 64; routes the trace's top-8, not its top-6"
     assert tables.mapping_tag(None) == "trace of this shape"
     df = rows(("simulated", "moespac", "mt-bench", 20.0, 1.0), ("simulated", "hybrimoe", "mt-bench", 10.0, 2.0))
@@ -324,7 +328,8 @@ def test_every_declared_output_has_its_builder_and_the_cli_imports_no_plotting()
     # building the CLI (every `moespac` call, the workflow's too) reads the declarations, not the builders
     code = ("import sys, moespac.cli as c; c.build_parser(); "
             "print(sorted(m for m in ('matplotlib', 'pandas') if m in sys.modules))")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "[]"
 
 
 def test_utility_curves_on_a_single_step_put_everything_on_the_host():
@@ -344,17 +349,22 @@ def test_table4_and_table3_put_the_papers_numbers_beside_ours():
     df = rows(("simulated", "moespac", "mt-bench", 10.0, 1.0), ("simulated", "moespac", "mt-bench", 12.0, 1.0),
               ("simulated", "moespac", "mt-bench", 11.0, 1.0))
     df["batch_size"], df["gamma"] = [1, 1, 2], [2, 8, 8]
-    _, (block,) = tables.table4(df)
+    _, (block, aggregate) = tables.table4(df)
     assert block.columns == ["Batch \\ gamma", "2", "8"]
     assert block.rows == [["1", "10.00 S n=1 (paper 20.79)", "12.00 S n=1 (paper 24.10)"],
                           ["2", "– (paper 20.67)", "11.00 S n=1 (paper 26.01)"]]
-    assert block.notes[0].startswith("best gamma per batch size (ours): {1: 8, 2: 8}")
+    # one request per cell: no interval, so no gamma is called the best where another has a number
+    assert block.notes[0].startswith("best gamma per batch size (ours, named only where its interval separates from "
+                                     "every other gamma's): {1: 'not separable (2, 8)', 2: '8'}")
+    assert "per sequence" in block.title and "aggregate over the batch" in aggregate.title
+    assert aggregate.rows[1] == ["2", "– (paper 20.67)", "22.00 S n=1 (paper 26.01)"]  # batch x per sequence
 
     t3 = rows(("simulated", "moespac", "humaneval", 40.0, 1.0), ("simulated", "hybrimoe", "humaneval", 20.0, 2.0))
     t3["model"] = "deepseek-v2-lite experts (trace layers/experts mapped)"
     _, (block,) = tables.table3(t3)
     by = {r[2]: r for r in block.rows}
-    assert by["MoE-SpAc"] == ["rtx4090-pcie4", "deepseek-v2-lite (trace of this shape)", "MoE-SpAc", "40.00 S n=1 (paper 47.26)"]
+    assert by["MoE-SpAc"] == ["rtx4090-pcie4", "deepseek-v2-lite (trace of this shape)", "MoE-SpAc",
+                              "40.00 S n=1 (paper 47.26)"]
     assert by["Rel. Improv."][3] == "+100.0% S"
     # the Model column names whose trace stands for the model (a fallback's routing shape, or the model's own)
     t3["source"] = "trace of results/models/proxy-shape-64x6/target; draft cost of qwen3-4b-fp8"
@@ -386,7 +396,8 @@ def sweep_groups(record, tps=lambda i: 10.0 + 5 * i):
     cache = [record(f"c{c}", cache=c, tps=tps(i)) for i, c in enumerate((0.1, 0.5))]
     return {"cache": cache, "length": [record(f"n{n}", tokens=n, tps=tps(i)) for i, n in enumerate((64, 128))],
             "K": [record(f"k{k}", method=k_method(k), tps=tps(i)) for i, k in enumerate((2, 4, 8))],
-            "batch": [record(f"b{b}", batch=b, method="hybrimoe", gamma=0, tps=tps(i)) for i, b in enumerate((1, 2, 4))],
+            "batch": [record(f"b{b}", batch=b, method="hybrimoe", gamma=0, tps=tps(i))
+                      for i, b in enumerate((1, 2, 4))],
             "records": cache + [record(f"ar{c}", method="moespac-no-sd", gamma=0, cache=c, tps=tps(i))
                                 for i, c in enumerate((0.1, 0.5))]}
 
@@ -578,7 +589,8 @@ def test_a_handicapped_sd_baseline_is_said_beside_the_claim(tmp_path):
               ("simulated", "llamacpp", "gsm8k", 16.0, 1.0))
     tables.table1(df, ["gsm8k"])[0].to_csv(tmp_path / "t1.csv", index=False)
     line = audit.our_comparison(tmp_path / "t1.csv")[0]
-    assert "here llama.cpp-w/ SD is 25.0 % slower than llama.cpp without SD on the same traces (the paper: +16.0 %)" in line
+    assert ("here llama.cpp-w/ SD is 25.0 % slower than llama.cpp without SD on the same traces "
+            "(the paper: +16.0 %)") in line
 
 
 def test_table1_says_which_rows_its_intervals_cannot_tell_apart_and_why():
@@ -608,7 +620,8 @@ def test_audit_covers_tables_3_and_4_appendix_a1_and_the_wrapped_block(tmp_path)
     t3[["tps_lo", "tps_hi"]] = [(19.0, 21.0), (24.0, 26.0), (59.0, 61.0)]
     t3.to_csv(tmp_path / "t3.csv", index=False)
     best, lossless = audit.table3_comparison(tmp_path / "t3.csv")
-    assert "against the best other method, Fate, -66.7 %" in best and best.endswith("slower on 1 (gsm8k): does not support it")
+    assert ("against the best other method, Fate, -66.7 %" in best
+            and best.endswith("slower on 1 (gsm8k): does not support it"))
     assert "against the best lossless one, HybriMoE, -20.0 %" in lossless
     t4 = rows(*[("simulated", "moespac", "gsm8k", tps, 1.0) for tps in (20.0, 18.0, 9.0, 8.9)])
     t4["batch_size"], t4["gamma"] = [1, 1, 4, 4], [2, 8, 2, 8]
@@ -623,7 +636,8 @@ def test_audit_covers_tables_3_and_4_appendix_a1_and_the_wrapped_block(tmp_path)
                                                                         ("omega", "gsm8k", 4.0, None))])
     a1.to_csv(tmp_path / "a1.csv", index=False)
     [line] = audit.appendix_comparison(tmp_path / "a1.csv")
-    assert line.startswith("simulated, h, m: alpha 0.80-0.80 (the paper: 0.83-0.83); GPU hit rate 0.40-0.40 (the paper:")
+    assert line.startswith("simulated, h, m: alpha 0.80-0.80 (the paper: 0.83-0.83); "
+                           "GPU hit rate 0.40-0.40 (the paper:")
     w = rows(("wrapped", "llamacpp", "gsm8k", 90.0, 1.0), ("wrapped", "accelerate", "gsm8k", 9.0, 1.0))
     w.to_csv(tmp_path / "w.csv", index=False)
     [line] = audit.wrapped_comparison(tmp_path / "w.csv")

@@ -146,7 +146,8 @@ def test_gains_name_the_best_other_and_the_best_lossless_other():
 
     tps = {"moespac": 20.0, "llamacpp-sd": 16.0, "fate": 50.0, "hybrimoe": 25.0, "oracle-sd": 99.0}
     record = dict(config=dict(methods=list(tps)),
-                  metrics=dict(rows=[dict(benchmark="gsm8k", methods={k: {"tokens_per_s": v} for k, v in tps.items()})]))
+                  metrics=dict(rows=[dict(benchmark="gsm8k",
+                                          methods={k: {"tokens_per_s": v} for k, v in tps.items()})]))
     g = gains(record)["gsm8k"]
     assert g["vs"] == pytest.approx(0.25) and g["best"] == "fate" and g["vs_best"] == pytest.approx(-0.6)
     assert g["best_lossless"] == "hybrimoe" and g["vs_best_lossless"] == pytest.approx(-0.2)  # Fate copies INT4
@@ -154,7 +155,8 @@ def test_gains_name_the_best_other_and_the_best_lossless_other():
 
 def test_the_host_fit_reads_only_the_papers_llamacpp_rows_and_gives_them_back(monkeypatch, tmp_path):
     """Every reference row but the paper's llama.cpp (no SD) rows is poisoned, MoE-SpAc's and HybriMoE's among
-    them: the fit is the same (and the a/b check, with only llama.cpp's two rows left, is the same too). Under the inferred host, llama.cpp on the fitted trace gives the paper's number
+    them: the fit is the same (and the a/b check, with only llama.cpp's two rows left, is the same too). Under the
+    inferred host, llama.cpp on the fitted trace gives the paper's number
     back (bisection tolerance), and the profile is its own, marked inferred."""
     import moespac.reference as reference
     from moespac.sim import infer_host as ih
@@ -217,10 +219,12 @@ def test_the_consistency_verdict_calls_where_the_headline_holds_and_what_moves_i
     assert pts[0]["vs"] == pytest.approx(0.25) and pts[0]["vs_lossless"] == pytest.approx(-0.2)
     assert pts[1]["ahead"] == 2 and pts[2]["vs_lossless"] == pytest.approx(-0.5)  # Fate is lossy: never the bar
     text = verdict(record)
-    assert "reaching the paper's size at 1 of 3 points" in text and "at 1 of 3 points (closest: +20.0 % at slow host)" in text
+    assert ("reaching the paper's size at 1 of 3 points" in text
+            and "at 1 of 3 points (closest: +20.0 % at slow host)" in text)
     assert "the host memory bandwidth (+25.0 % to +87.5 %) moves it most" in text
     assert "the host memory bandwidth (-20.0 % to +20.0 %) moves that gap most" in text
-    assert "direction over llama.cpp-w/ SD holds across the range" in text and "holds at some point of the range" in text
+    assert ("direction over llama.cpp-w/ SD holds across the range" in text
+            and "holds at some point of the range" in text)
     nowhere = verdict(_sweep_record([(None, "inferred host", 55e9, base), ("host_flops", "big", 5e12, base)]))
     assert "holds nowhere in it" in nowhere and "at 0 of 2 points" in nowhere
     # a study without llama.cpp-w/ SD (the tiny one) checks only the second half, and says so
@@ -253,8 +257,110 @@ def test_the_sweep_replays_the_headline_and_the_lossless_contenders():
     from moespac.experiments.paper_regime import contenders
 
     names = ("accelerate", "llamacpp", "llamacpp-sd", "mixtral-offload", "hybrimoe", "fate", "moespac", "oracle-sd")
-    tps = {"gsm8k": (0.6, 15.0, 1.0, 7.0, 16.0, 80.0, 14.0, 30.0), "mt-bench": (0.6, 15.0, 1.0, 41.0, 47.0, 80.0, 24.0, 37.0)}
+    tps = {"gsm8k": (0.6, 15.0, 1.0, 7.0, 16.0, 80.0, 14.0, 30.0),
+           "mt-bench": (0.6, 15.0, 1.0, 41.0, 47.0, 80.0, 24.0, 37.0)}
     on = {b: {n: {"tokens_per_s": v} for n, v in zip(names, values)} for b, values in tps.items()}
     # llama.cpp is within 2x of the best lossless on gsm8k only, Mixtral Offload on mt-bench only: both stay; Fate is
     # lossy, the oracle a bound, Accelerate far behind everywhere; the headline's two sides always stay
     assert contenders(on) == ["llamacpp", "llamacpp-sd", "mixtral-offload", "hybrimoe", "moespac"]
+    # llama.cpp is the row the host is fitted to: it stays however slow (the page reads how each parameter moves it)
+    slow = {b: dict(per, llamacpp={"tokens_per_s": 0.1}) for b, per in on.items()}
+    assert "llamacpp" in contenders(slow)
+
+
+def test_a_batched_trace_runs_its_sequences_together_and_routes_them_as_alone():
+    """A request of b sequences holds exactly the routing of b one-sequence requests drawn in the same order: step i
+    runs step i of every sequence still going (rows one after another), accepted drafts and new tokens summed."""
+    params = pr.RoutingParams(accept=0.6, temperature=1.0)
+    alone = pr.paper_regime_trace(SMALL, params, pr.Shape(requests=3, new_tokens=30, prompt_tokens=8, gamma=4), seed=5,
+                                  self_draft=False)
+    together = pr.paper_regime_trace(SMALL, params, pr.Shape(requests=1, new_tokens=30, prompt_tokens=8, gamma=4,
+                                                             batch=3), seed=5, self_draft=False)
+    assert together.meta["batch_size"] == 3 and together.trace_id().endswith("-g4-b3-s5")
+    assert together.self_draft_topk is None and alone.self_draft_topk is None
+    seqs = [np.flatnonzero(alone.steps["step_request"] == r) for r in range(3)]
+    offsets = np.r_[0, np.cumsum(alone.steps["step_tokens"])]
+    rows = lambda r, i: alone.topk_ids[offsets[seqs[r][i]]:offsets[seqs[r][i] + 1]]  # noqa: E731
+    start = 0
+    for i in range(together.num_steps):
+        live = [r for r in range(3) if i < len(seqs[r])]
+        n = int(together.steps["step_tokens"][i])
+        assert np.array_equal(together.topk_ids[start:start + n], np.concatenate([rows(r, i) for r in live]))
+        for col in ("step_tokens", "step_accepted", "step_emitted"):
+            assert together.steps[col][i] == sum(alone.steps[col][seqs[r][i]] for r in live)
+        start += n
+    assert together.num_steps == max(map(len, seqs)) and together.steps["step_emitted"].sum() == 3 * 30
+    with pytest.raises(MoespacError, match="autoregressive trace is batch 1"):
+        pr.paper_regime_trace(SMALL, params, pr.Shape(batch=2), ar=True)
+
+
+def test_the_consistency_page_says_which_host_parameters_the_llamacpp_rows_pin_down():
+    from moespac.analysis.consistency import determined, render
+
+    base = {"moespac": 20.0, "llamacpp": 15.0, "llamacpp-sd": 16.0}
+    record = _sweep_record([
+        (None, "inferred host", 55e9, base),
+        ("host_mem_bandwidth", "server", 130e9, dict(base, llamacpp=30.0)),
+        ("host_flops", "big", 5e12, dict(base, llamacpp=15.03)),  # +0.2 %: under the fit's residual of 1 %
+        ("link_bandwidth", "fast link", 32e9, base),
+    ])
+    record["metrics"]["inferred_host"].update(targets={"gsm8k": 15.15, "mt-bench": 15.0}, per_benchmark={},
+                                              low=1, high=1, base="rtx4090-pcie4", base_value=60.8e9)
+    record["config"].update(model_spec="qwen3-30b-a3b", cache_ratio=0.25)
+    got = {d["parameter"]: d for d in determined(record)}
+    assert got["host_mem_bandwidth"]["determined"] and got["host_mem_bandwidth"]["high"] == pytest.approx(1.0)
+    assert not got["host_flops"]["determined"] and got["host_flops"]["high"] == pytest.approx(0.002)
+    assert not got["link_bandwidth"]["determined"] and got["host_flops"]["residual"] == pytest.approx(0.15 / 15.15)
+    assert "| host compute | +0.0 % to +0.2 % | no: the rows barely depend on it; swept below |" in render(record)
+    del record["metrics"]["rows"][0]["methods_inferred"]["llamacpp"]  # the fitted row not swept: nothing to say
+    for p in record["metrics"]["inferred_host"]["sweep"]:
+        p["tps"] = {b: {k: v for k, v in per.items() if k != "llamacpp"} for b, per in p["tps"].items()}
+    assert determined(record) == []
+
+
+def _regime_record() -> dict:
+    """A paper-regime record by hand: two Table 1 methods on two benchmarks at the inferred host, Table 2's variants on
+    one, and a 2 x 2 Table 4 grid (per-call aggregate samples)."""
+    cell = lambda tps: dict(tokens_per_s=tps, latency_s=10.0, hit_rate=0.5, host_share=0.5,  # noqa: E731
+                            per_request=dict(tokens_per_s=[tps - 1, tps + 1], latency_s=[9.0, 11.0]))
+    rows = [dict(benchmark=b, sd_trace=f"sd-{b}", ar_trace=f"ar-{b}", measured=dict(alpha=0.8, a_over_b=0.5),
+                 methods={"moespac": cell(5.0)}, methods_inferred={"moespac": cell(20.0), "llamacpp": cell(15.0)},
+                 table2={"moespac": cell(20.0), "moespac-no-sd": cell(14.0)} if b == "gsm8k" else {})
+            for b in ("gsm8k", "humaneval")]
+    t4 = [dict(batch_size=b, gamma=g, trace=f"t{b}{g}", tokens_per_s=a / b, aggregate_tokens_per_s=a, latency_s=1.0,
+               hit_rate=0.5, per_request=dict(aggregate_tokens_per_s=[a - 0.1, a + 0.1], latency_s=[1.0, 1.0]))
+          for b, g, a in ((1, 4, 20.0), (1, 8, 24.0), (2, 4, 30.0), (2, 8, 30.1))]
+    config = dict(hardware="rtx4090-pcie4", model_spec="qwen3-30b-a3b", draft_spec="qwen3-4b-fp8", gamma=8,
+                  new_tokens=256, cache_ratio=0.25)
+    return dict(kind="paper-regime", timing="simulated", config=config, config_hash="h",
+                metrics=dict(rows=rows, inferred_host=dict(value=55e9), table4=dict(benchmark="mt-bench", cells=t4)))
+
+
+def test_tables_1_2_and_4_show_the_paper_regime_cells_as_a_block_of_their_own():
+    import pandas as pd
+
+    from moespac.analysis.rows import COLUMNS, REGIME_ROUTING, for_table, regime_rows
+    from moespac.analysis.tables import table1, table2, table4
+
+    rows = pd.DataFrame(regime_rows(_regime_record()), columns=COLUMNS)
+    t1 = for_table(rows, "table1")
+    assert set(t1["method"]) == {"moespac", "llamacpp"} and len(t1) == 4  # the inferred host's cells, not the sourced
+    assert t1["hardware"].str.contains("55.0 GB/s inferred from the paper's llama.cpp rows").all()
+    assert (t1["model"] == f"qwen3-30b-a3b experts ({REGIME_ROUTING})").all()
+    moespac = t1[(t1["method"] == "moespac") & (t1["benchmark"] == "gsm8k")].iloc[0]
+    assert moespac["tps_lo"] < 20.0 < moespac["tps_hi"] and moespac["requests"] == 2 and moespac["gamma"] == 8
+    assert t1[t1["method"] == "llamacpp"]["gamma"].eq(0).all()
+    _, blocks = table1(t1)
+    assert REGIME_ROUTING in blocks[0].title
+    t2 = for_table(rows, "table2")
+    assert sorted(t2["method"]) == ["moespac", "moespac-no-sd"] and set(t2["benchmark"]) == {"gsm8k"}
+    _, blocks = table2(t2)
+    assert any("w/o SD" in r[0] and "-30.0%" in r[1] for r in blocks[0].rows)
+    t4 = for_table(rows, "table4")
+    assert sorted(zip(t4["batch_size"], t4["gamma"])) == [(1, 4), (1, 8), (2, 4), (2, 8)]
+    long, blocks = table4(t4)
+    assert [b.title.split(",")[0] for b in blocks] == ["MoE-SpAc TPS per sequence",
+                                                       "MoE-SpAc TPS aggregate over the batch"]
+    assert long.loc[(long["batch_size"] == 2) & (long["gamma"] == 8), "aggregate_tps"].iloc[0] == pytest.approx(30.1)
+    # the best gamma is named only where its interval separates from the others': batch 1 yes, batch 2 no
+    assert "{1: '8', 2: 'not separable (4, 8)'}" in blocks[0].notes[0]

@@ -60,7 +60,8 @@ def test_dry_run_of_the_shipped_configs(configfile, tmp_path):
     if configfile:  # the paper's models come from the hub; Table 3's hub pairs name no draft (the paper's are
         # unnamed), so their entries replay their fallbacks: the two routing shapes Qwen3's traces lack are trained
         assert counts["link_hub_pair"] == 2 and counts["build_proxy_pair"] == 2
-        assert "table3.models[0] (deepseek-v2-lite): traces of proxy-shape-64x6: deepseek-v2-lite" in r.stdout + r.stderr
+        assert ("table3.models[0] (deepseek-v2-lite): traces of proxy-shape-64x6: deepseek-v2-lite"
+                in r.stdout + r.stderr)
     else:
         # proxy, proxy-shape and Table 3's two other routing shapes (256 experts top-8, 64 top-6)
         assert counts["build_proxy_pair"] == 4 and counts["build_llamacpp"] == 1 and counts["bench_llamacpp"] == 14
@@ -140,7 +141,8 @@ def interrupt_once_a_record_exists(tmp_path, timeout=300):
     result record lands, and wait for Snakemake to stop. Returns its exit code."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg")
-    proc = subprocess.Popen([str(BIN / "snakemake"), *WORKFLOW, "--cores", "2", "--configfile", str(TINY)], cwd=tmp_path,
+    proc = subprocess.Popen([str(BIN / "snakemake"), *WORKFLOW, "--cores", "2", "--configfile", str(TINY)],
+                            cwd=tmp_path,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=_default_sigint)
     deadline = time.monotonic() + timeout
@@ -197,9 +199,19 @@ def test_tiny_study_end_to_end(tiny_study):
     regime = validate_record(tmp_path / "results/whatif/paper_regime.json")
     (row,) = regime["metrics"]["rows"]
     assert regime["timing"] == "simulated" and row["benchmark"] == "gsm8k" and row["target"]["a_over_b"] == 0.64
-    assert {"moespac", "llamacpp", "hybrimoe"} <= set(row["methods"]) and "synthetic, fitted" in regime["metrics"]["source"]
+    assert ({"moespac", "llamacpp", "hybrimoe"} <= set(row["methods"])
+            and "synthetic, fitted" in regime["metrics"]["source"])
     assert "paper-regime routing" in (tmp_path / "paper_figs/paper_regime.md").read_text()
-    # the consistency page: the host inferred from llama.cpp's rows, the plausible-range sweep, a verdict the audit quotes
+    # ... and Tables 1, 2 and 4 show its cells as a block of their own (Table 4 on batched traces over its grid)
+    assert ([(c["batch_size"], c["gamma"]) for c in regime["metrics"]["table4"]["cells"]]
+            == [(1, 2), (1, 4), (2, 2), (2, 4)])
+    assert set(row["table2"]) == {"moespac", "moespac-no-adabc"}
+    for table in ("table1", "table2", "table4"):
+        assert "paper-regime routing: synthetic, fitted to the paper's App. A.1" in (tmp_path / f"paper_figs/{table}.md"
+                                                                                    ).read_text(), table
+    assert "aggregate over the batch" in (tmp_path / "paper_figs/table4.md").read_text()
+    # the consistency page: the host inferred from llama.cpp's rows, the plausible-range sweep,
+    # a verdict the audit quotes
     consistency = (tmp_path / "paper_figs/consistency.md").read_text()
     sweep = regime["metrics"]["inferred_host"]["sweep"]
     assert len(sweep) == 8 and set(sweep[0]["tps"]) == {"gsm8k"} and "oracle-sd" not in sweep[0]["tps"]["gsm8k"]
@@ -233,7 +245,9 @@ def test_tiny_study_end_to_end(tiny_study):
     t1 = pd.read_csv(figs / "table1.csv")
     cells = t1[t1["benchmark"] != "average"]
     assert set(cells["timing"]) == {"simulated", "measured", "wrapped"} and cells["model"].notna().all()
-    sim = cells[cells["timing"] == "simulated"]
+    regime = cells["kind"].astype(str).str.startswith("regime:")  # the paper-regime block, on the inferred host
+    assert cells.loc[regime, "hardware"].str.contains("inferred from the paper's llama.cpp rows").all() and regime.any()
+    sim = cells[(cells["timing"] == "simulated") & ~regime]
     assert set(sim["hardware"]) == {"rtx4090-pcie4"} and sim["model"].str.startswith("qwen3-30b-a3b experts").all()
     refs = {"Offline oracle w/ SD (reference)", "Infinite cache w/ SD (bound)"}
     assert set(sim["label"]) == {"llama.cpp", "HybriMoE", "MoE-SpAc"} | refs
@@ -296,10 +310,11 @@ def test_mlflow_answers_moespac_against_hybrimoe_in_one_search(tiny_study):
                                filter_string="tags.`moespac.timing` = 'simulated' AND "
                                              "tags.`moespac.hardware` = 'rtx4090-pcie4'")
     found = found[found["tags.moespac.method"].isin(["moespac", "hybrimoe"])]
-    got = {(r["tags.moespac.method"], r["tags.moespac.benchmark"]): r["metrics.tokens_per_s"] for _, r in found.iterrows()}
+    got = {(r["tags.moespac.method"], r["tags.moespac.benchmark"]): r["metrics.tokens_per_s"]
+           for _, r in found.iterrows()}
     table = pd.read_csv(tiny_study / "paper_figs/table1.csv")
     cells = table[(table["timing"] == "simulated") & table["method"].isin(["moespac", "hybrimoe"])
-                  & (table["benchmark"] != "average")]
+                  & (table["benchmark"] != "average") & (table["hardware"] == "rtx4090-pcie4")]
     assert len(found) == len(got) == len(cells) == 2  # one row per cell, no duplicate
     assert got == {(r.method, r.benchmark): r.tps for r in cells.itertuples()}
     # the sweep's 0.25 point is the Table 1 cell; it is a run of the sweep's experiment as well

@@ -72,6 +72,30 @@ def sweep_points(record: dict) -> list[dict]:
     return out
 
 
+def determined(record: dict) -> list[dict]:
+    """Which host parameters the paper's llama.cpp rows pin down: per swept parameter, how far the fitted row
+    (llama.cpp, replayed at every point) moves across the parameter's plausible range, mean over the swept
+    benchmarks, beside the fit's own residuals at the inferred host. A parameter that moves the row less than
+    the residuals do cannot be read from the rows: it keeps the sourced profile's value and is only swept."""
+    host = record["metrics"].get("inferred_host") or {}
+    points = host.get("sweep") or []
+    from moespac.experiments.paper_regime import FITTED_ROW
+
+    benches = list(points[0]["tps"]) if points else []
+    if not benches or FITTED_ROW not in points[0]["tps"][benches[0]]:
+        return []
+    by_bench = {r["benchmark"]: r for r in record["metrics"]["rows"]}
+    center = {b: by_bench[b]["methods_inferred"][FITTED_ROW]["tokens_per_s"] for b in benches}
+    residual = max(abs(center[b] / host["targets"][b] - 1) for b in benches)
+    out = {}
+    for p in points:
+        move = float(np.mean([p["tps"][b][FITTED_ROW] / center[b] - 1 for b in benches]))
+        lo, hi = out.get(p["parameter"], (0.0, 0.0))
+        out[p["parameter"]] = (min(lo, move), max(hi, move))
+    return [dict(parameter=f, low=lo, high=hi, residual=residual, determined=max(-lo, hi) > residual)
+            for f, (lo, hi) in out.items()]
+
+
 def _most(pts: list[dict], key: str) -> str:
     """The parameter whose plausible range moves `key` most, with the span it gives (the inferred host included)."""
     center, span = pts[0], {}
@@ -89,7 +113,8 @@ def verdict(record: dict) -> str:
     if not pts:
         return "No plausible-range sweep in this record (the study ran without the host inference or with --no-sweep)."
     center, n = pts[0], pts[0]["n"]
-    parts = [f"On the host inferred from the paper's own llama.cpp rows ({_value('host_mem_bandwidth', center['value'])}"
+    parts = ["On the host inferred from the paper's own llama.cpp rows "
+             f"({_value('host_mem_bandwidth', center['value'])}"
              f", not measured), on paper-regime routing of the {n} benchmarks with App. A.1 statistics "
              f"({', '.join(center['benchmarks'])}), and with one host parameter at a time moved across its plausible "
              f"range ({len(pts) - 1} points):"]
@@ -98,15 +123,16 @@ def verdict(record: dict) -> str:
         within = sum(p["vs"] >= HEADLINE for p in pts)
         parts.append(f"MoE-SpAc is {_pct(center['vs'])} against llama.cpp-w/ SD at the inferred host (the paper: "
                      f"{_pct(HEADLINE)}) and {_pct(lo)} to {_pct(hi)} across the range, reaching the paper's size at "
-                     f"{within} of {len(pts)} points; {_most(pts, 'vs')} moves it most; so the headline's direction over "
-                     "llama.cpp-w/ SD " + ("holds across the range." if lo > 0 else "depends on the host."))
+                     f"{within} of {len(pts)} points; {_most(pts, 'vs')} moves it most; so the headline's direction "
+                     "over llama.cpp-w/ SD " + ("holds across the range." if lo > 0 else "depends on the host."))
     else:
         parts.append("llama.cpp-w/ SD was not replayed, so the headline's first half is not checked here.")
     if all(p["vs_lossless"] is not None for p in pts):
         ahead = sum(p["ahead"] == p["n"] for p in pts)
         closest = max(pts, key=lambda p: p["vs_lossless"])
-        parts.append(f"Against the best lossless baseline ({center['leader']} leads most often at the inferred host) it "
-                     f"is {_pct(center['vs_lossless'])}; it is ahead of every lossless baseline on all {n} benchmarks at "
+        parts.append(f"Against the best lossless baseline ({center['leader']} leads most often at the inferred host) "
+                     f"it is {_pct(center['vs_lossless'])}; it is ahead of every lossless baseline on all {n} "
+                     "benchmarks at "
                      f"{ahead} of {len(pts)} points (closest: {_pct(closest['vs_lossless'])} at {closest['label']}); "
                      f"{_most(pts, 'vs_lossless')} moves that gap most; so 'ahead of every baseline' "
                      + ("holds at some point of the range." if ahead else
@@ -120,15 +146,16 @@ def render(record: dict) -> str:
     m = record["metrics"]
     host = m.get("inferred_host")
     if not host:
-        return "# Consistency of the paper with its own baselines\n\nNot run: the study ran without the host inference.\n"
+        return ("# Consistency of the paper with its own baselines\n\n"
+                "Not run: the study ran without the host inference.\n")
     lines = ["# Consistency of the paper with its own baselines (timing: simulated; host: inferred)", "",
              "What the paper's own numbers imply about its unstated setup, and whether its headline follows from them. "
              "The fit reads only the paper's llama.cpp rows; every other number is a prediction on synthetic routing "
              f"fitted to App. A.1 ({record['config']['model_spec']}'s depth, cache ratio "
              f"{record['config']['cache_ratio']:g}).", "", "## Verdict", "", verdict(record), "",
              "## 1. The host, inferred from llama.cpp's rows", "",
-             "| benchmark | fitted host bandwidth (GB/s) | llama.cpp on the one inferred host (simulated) | the paper's "
-             "llama.cpp | residual |", "|---|---|---|---|---|"]
+             "| benchmark | fitted host bandwidth (GB/s) | llama.cpp on the one inferred host (simulated) | "
+             "the paper's llama.cpp | residual |", "|---|---|---|---|---|"]
     by_bench = {r["benchmark"]: r for r in m["rows"]}
     for b, bw in host["per_benchmark"].items():
         got = (by_bench.get(b, {}).get("methods_inferred") or {}).get("llamacpp", {}).get("tokens_per_s")
@@ -139,6 +166,22 @@ def render(record: dict) -> str:
               f"{host['low'] / 1e9:.1f}-{host['high'] / 1e9:.1f}; the sourced profile `{host['base']}` assumes "
               f"{host['base_value'] / 1e9:.1f}). Host compute and the link keep the sourced profile's values; the "
               "sweep below moves them.", ""]
+    pinned = determined(record)
+    if pinned:
+        lines += ["What the llama.cpp rows can determine: each host parameter moved across its plausible range (the "
+                  "sweep's points), and how far that moves the fitted row (llama.cpp, mean over the swept benchmarks), "
+                  f"beside the fit's largest residual at the inferred host ({100 * pinned[0]['residual']:.1f} % in "
+                  "magnitude). A parameter that moves the row less than that cannot be read from the paper's rows. "
+                  "(llama.cpp-w/ SD's row depends on the routing's a/b as well, and section 2 spends it on checking "
+                  "a/b, so it cannot also pin a host parameter.)",
+                  "", "| parameter | llama.cpp across its plausible range | read from the paper's rows? |",
+                  "|---|---|---|"]
+        for d in pinned:
+            verdict_ = ("yes: fitted above" if d["parameter"] == "host_mem_bandwidth" else
+                        "not apart from the bandwidth: one row per benchmark fits one unknown; swept below")
+            lines.append(f"| {PARAMETER[d['parameter']][0]} | {_pct(d['low'])} to {_pct(d['high'])} | "
+                         + (verdict_ if d["determined"] else "no: the rows barely depend on it; swept below") + " |")
+        lines.append("")
     ab = host.get("ab_from_sd_gain") or {}
     if ab:
         lines += ["## 2. Do the paper's tables agree? a/b from llama.cpp's SD gain", "",
@@ -199,7 +242,8 @@ def plot(record: dict, prefix) -> list:
     fig, (left, right) = figure(ncols=2, width=5.4, height=4.6)
     pred = predictions(record).dropna(subset=["paper"])
     if len(pred):
-        for (label, part), (color, marker) in zip(pred.groupby("label", sort=False), style.looks(pred["label"].nunique())):
+        for (label, part), (color, marker) in zip(pred.groupby("label", sort=False),
+                                                  style.looks(pred["label"].nunique())):
             left.scatter(part["paper"], part["predicted"], label=label, s=22, color=color, marker=marker)
         lo = float(min(pred["paper"].min(), pred["predicted"].min())) / 1.3
         hi = float(max(pred["paper"].max(), pred["predicted"].max())) * 1.3
@@ -215,7 +259,8 @@ def plot(record: dict, prefix) -> list:
     pts = sweep_points(record)
     if pts:
         y = np.arange(len(pts))[::-1]
-        for key, marker, label in (("vs", "o", "vs llama.cpp-w/ SD"), ("vs_lossless", "s", "vs best lossless baseline")):
+        for key, marker, label in (("vs", "o", "vs llama.cpp-w/ SD"),
+                                   ("vs_lossless", "s", "vs best lossless baseline")):
             got = [(100 * p[key], yi) for p, yi in zip(pts, y) if p[key] is not None]  # None: not replayed
             if got:
                 right.scatter(*zip(*got), marker=marker, label=label)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from moespac.analysis import style
-from moespac.analysis.rows import load_rows
+from moespac.analysis.rows import for_table, load_rows
 from moespac.errors import MoespacError
 from moespac.reference import appendix_value
 from moespac.scheduler.config import MoESpAcConfig
@@ -36,7 +36,7 @@ def _saved(build):
 
 
 def _rows(groups: dict, name: str) -> pd.DataFrame:
-    rows = load_rows(groups.get(name, []))
+    rows = for_table(load_rows(groups.get(name, [])), None)  # the figures draw the recorded traces' cells
     return rows[rows["tps"].notna()] if len(rows) else rows
 
 
@@ -152,9 +152,9 @@ def fig4_hot_cold(groups: dict):
                    f"{'; '.join(means)}. The y axis "
                    f"starts at {bottom:.1f}. The time bases differ: a verify step holds gamma + 1 tokens. With 8 of "
                    f"128 experts routed per token, calling every expert 'cold' is already right for about 94 % of a "
-                   f"token's experts (of a verify step's, 1 - distinct / 128), so accuracy, the paper's measure, flatters "
-                   f"every predictor; balanced accuracy (mean of the hot and the cold recall) scores any constant "
-                   f"guess 0.5. The proxies' own "
+                   f"token's experts (of a verify step's, 1 - distinct / 128), so accuracy, the paper's measure, "
+                   f"flatters every predictor; balanced accuracy (mean of the hot and the cold recall) scores any "
+                   f"constant guess 0.5. The proxies' own "
                    f"acceptance alpha: {drafts or '-'} (the paper's App. A.1 alphas are for its models). Paper: "
                    f"{style.PAPER_SETUP}.", y=-0.1)
     return fig
@@ -254,7 +254,7 @@ def _which_curve_leads(rows) -> str:
 @_saved
 def fig8_expert_reuse(groups: dict):
     fig, axes = style.figure(ncols=2)
-    rows = load_rows(groups.get("records", []))
+    rows = for_table(load_rows(groups.get("records", [])), None)
     rows = rows[(rows["method"] == "moespac") & (rows["batch_size"] == 1)] if len(rows) else rows
     if rows.empty:
         for ax in axes:
@@ -385,7 +385,8 @@ def fig10_utility(groups: dict):
                 errorbar=("pi", 80))
     axes[1].set_ylim(bottom=0)
     axes[1].set_ylabel("count per expert")
-    axes[1].set_title("(b) routing entries in the next step, per utility level\n(bar: mean; line: 10th-90th percentile)",
+    axes[1].set_title("(b) routing entries in the next step, per utility level\n"
+                      "(bar: mean; line: 10th-90th percentile)",
                       fontsize=8)
     fig.suptitle(f"Figure 10: utility and threshold on a measured trace ({_trace_label(t)}, {_model(t)})", fontsize=9)
     return fig

@@ -35,7 +35,7 @@ def frame(record: dict) -> pd.DataFrame:
 
 def pct(x) -> str:
     """A ratio - 1 as a signed percentage, '-' where missing (this page's and the consistency page's)."""
-    return "-" if x is None else f"{100 * x:+.1f} %"
+    return "-" if x is None else f"{round(100 * x, 1) + 0.0:+.1f} %"  # + 0.0: no '-0.0 %' for a tiny negative
 
 
 def _block(record: dict, key: str, heading: str) -> list[str]:

@@ -19,8 +19,9 @@ from moespac.errors import MoespacError
 WRAPPED_LABELS = {"moespac-release": "MoE-SpAc (authors' release)"}
 
 COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "speculative", "gamma", "batch_size",
-           "max_new_tokens", "cache_ratio", "proxy_prompts", "hardware", "model", "source", "tps", "latency_s", "acceptance_rate",
-           "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token", "hot_cold_accuracy", "requests",
+           "max_new_tokens", "cache_ratio", "proxy_prompts", "hardware", "model", "source", "tps", "latency_s",
+           "acceptance_rate", "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token",
+           "hot_cold_accuracy", "requests",
            "skipped", "skip_reason", "draft_charged", "note", "mapping", "tps_lo", "tps_hi", "latency_lo", "latency_hi",
            "config_hash", "stand_in", "variants", "lossy"]
 # a measured row of a baseline is our engine running that system's policy, not the system itself (that is a W row)
@@ -129,8 +130,8 @@ def bench_row(rec: dict) -> dict:
     if rec["timing"] == "simulated":
         sim = rec.get("simulation") or {}
         mapping = sim.get("topology_mapping") or ""
-        mapped = (f" (trace {'layers/experts' if 'num_experts=' in mapping or 'top_k=' in mapping else 'layers'} mapped)"
-                  if mapping else "")  # what differs: topology_mismatch names each field
+        mapped = (f" (trace {'layers/experts' if 'num_experts=' in mapping or 'top_k=' in mapping else 'layers'}"
+                  " mapped)" if mapping else "")  # what differs: topology_mismatch names each field
         charged = sim.get("draft") or {}
         draft = short(charged.get("spec"))
         draft_charged = f"{draft} ({charged.get('source') or '?'})" if draft else None
@@ -180,15 +181,17 @@ def wrapped_row(rec: dict) -> dict:
     return dict(
         kind="wrapped", timing="wrapped", method=method, label=WRAPPED_LABELS.get(method) or label_of(method),
         benchmark=c.get("benchmark"),
-        policy=system, speculative=speculative, gamma=int((c.get("run") or {}).get("draft_max") or 0) if speculative else 0,
+        policy=system, speculative=speculative,
+        gamma=int((c.get("run") or {}).get("draft_max") or 0) if speculative else 0,
         batch_size=1, max_new_tokens=c.get("max_new_tokens"), cache_ratio=None,
         proxy_prompts=_offline_proxy(c.get("benchmark")),
-        hardware=machine_name(rec.get("environment") or {}), model=models.get("target_id") or short(c.get("model_pair")),
+        hardware=machine_name(rec.get("environment") or {}),
+        model=models.get("target_id") or short(c.get("model_pair")),
         source=f"{system} {c.get('version', '')}".strip(),
         tps=_num(m.get(WRAPPED_METRICS["tps"], m.get("decode_tokens_per_s"))),
         latency_s=_num(m.get(WRAPPED_METRICS["latency_s"])),
-        acceptance_rate=_num(m.get("acceptance_rate")), alpha=None, omega=None, hit_rate=None, host_share=None, a_over_b=None,
-        a_over_b_per_token=None, hot_cold_accuracy=None, requests=m.get("requests"),
+        acceptance_rate=_num(m.get("acceptance_rate")), alpha=None, omega=None, hit_rate=None, host_share=None,
+        a_over_b=None, a_over_b_per_token=None, hot_cold_accuracy=None, requests=m.get("requests"),
         skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"), draft_charged=None,
         note="nothing offloaded: no GPU" if (rec.get("placement") or {}).get("offloaded") is False else None)
 
@@ -227,6 +230,8 @@ def record_row(path, rec: dict | None = None) -> dict:
     except MoespacError as e:  # a parseable file of the wrong shape: say where, not a KeyError
         raise MoespacError(f"record {path}: {str(e).removeprefix('record: ')}") from None
     kind = rec.get("kind")
+    if kind == "paper-regime":
+        raise MoespacError(f"record {path}: a paper-regime study holds many cells: load_rows reads it (regime_rows)")
     if kind == "bench":
         row = dict(bench_row(rec), **_intervals(rec, "tokens_per_s"))
     elif kind == "wrapped":
@@ -260,13 +265,99 @@ def bound_row(row: dict, rec: dict) -> dict | None:
                 config_hash=f"{row['config_hash']}:{INFINITE_CACHE}")
 
 
+REGIME_KINDS = {"table1": "regime:table1", "table2": "regime:table2", "table4": "regime:table4"}
+REGIME_ROUTING = "paper-regime routing: synthetic, fitted to the paper's App. A.1; no model ran"
+"""What a paper-regime block's model column says its routing is (the audit tells those blocks apart by it)."""
+"""The row kind of a paper-regime record's cells per table (for_table keeps each table's own)."""
+
+
+def regime_rows(rec: dict) -> list[dict]:
+    """The cells of a paper-regime study (moespac/experiments/paper_regime.py) as table rows: every Table 1 method
+    and every Table 2 variant on synthetic routing fitted to the paper's A.1, on the inferred host where the
+    study inferred one (else the sourced profile), one block of their own (its hardware and model say both)."""
+    from moespac.analysis.intervals import mean_interval
+    from moespac.catalogue import get_method
+
+    c, m = rec["config"], rec["metrics"]
+    host = m.get("inferred_host") or {}
+    hardware = (f"{c['hardware']}-paper-inferred (host bandwidth {host['value'] / 1e9:.1f} GB/s inferred from the "
+                "paper's llama.cpp rows)" if host else c["hardware"])
+    model = f"{c['model_spec']} experts ({REGIME_ROUTING})"
+    out = []
+    for r in m["rows"]:
+        blocks = (("table1", r.get("methods_inferred") if host else r.get("methods")), ("table2", r.get("table2")))
+        for table, cells in blocks:
+            for slug, got in (cells or {}).items():
+                method = get_method(slug)
+                per = got.get("per_request") or {}
+                row = dict(kind=REGIME_KINDS[table], timing=rec["timing"], method=slug, label=method.label,
+                           benchmark=r["benchmark"], policy=method.policy, speculative=method.draft,
+                           gamma=c["gamma"] if method.draft else 0, batch_size=1, max_new_tokens=c["new_tokens"],
+                           cache_ratio=c["cache_ratio"], proxy_prompts=False, hardware=hardware,
+                           model=model,
+                           source=(r["sd_trace"] if method.draft else r["ar_trace"])
+                           + (f"; draft cost of {c['draft_spec']}" if method.draft else ""),
+                           tps=_num(got.get("tokens_per_s")), latency_s=_num(got.get("latency_s")),
+                           hit_rate=_num(got.get("hit_rate")), host_share=_num(got.get("host_share")),
+                           alpha=_num(r["measured"].get("alpha")) if method.draft else None,
+                           a_over_b_per_token=_num(r["measured"].get("a_over_b")) if method.draft else None,
+                           requests=len(per.get("tokens_per_s") or []) or None, skipped=False,
+                           draft_charged=f"{c['draft_spec']} (spec)" if method.draft else None,
+                           stand_in=stand_in_of(method.policy), variants=variants_of(method.policy),
+                           lossy=lossy_of(method.policy),
+                           config_hash=f"{rec['config_hash']}:{table}:{r['benchmark']}:{slug}")
+                for col, key in (("tps", "tokens_per_s"), ("latency", "latency_s")):
+                    ci = mean_interval(per.get(key) or [])
+                    row[f"{col}_lo"], row[f"{col}_hi"] = ci if ci else (None, None)
+                out.append(row)
+    return out + _regime_table4(rec, hardware, model)
+
+
+def _regime_table4(rec: dict, hardware: str, model: str) -> list[dict]:
+    """Table 4's cells of a paper-regime study: MoE-SpAc per sequence on batched traces (intervals over calls)."""
+    from moespac.analysis.intervals import mean_interval
+
+    c, t4 = rec["config"], rec["metrics"].get("table4") or {}
+    out = []
+    for cell in t4.get("cells") or []:
+        b = cell["batch_size"]
+        per = cell["per_request"]
+        row = dict(kind=REGIME_KINDS["table4"], timing=rec["timing"], method="moespac", label=label_of("moespac"),
+                   benchmark=t4["benchmark"], policy="moespac", speculative=True, gamma=cell["gamma"], batch_size=b,
+                   max_new_tokens=c["new_tokens"], cache_ratio=c["cache_ratio"], proxy_prompts=False,
+                   hardware=hardware, model=model, source=f"{cell['trace']}; draft cost of {c['draft_spec']}",
+                   tps=_num(cell["tokens_per_s"]), latency_s=_num(cell["latency_s"]), hit_rate=_num(cell["hit_rate"]),
+                   requests=len(per["aggregate_tokens_per_s"]), skipped=False,
+                   draft_charged=f"{c['draft_spec']} (spec)",
+                   config_hash=f"{rec['config_hash']}:table4:b{b}:g{cell['gamma']}")
+        for col, values in (("tps", [v / b for v in per["aggregate_tokens_per_s"]]), ("latency", per["latency_s"])):
+            ci = mean_interval(values)
+            row[f"{col}_lo"], row[f"{col}_hi"] = ci if ci else (None, None)
+        out.append(row)
+    return out
+
+
+def for_table(rows: pd.DataFrame, table: str | None) -> pd.DataFrame:
+    """The rows a table shows: every record's, but of a paper-regime study only the cells made for it (Table 1's
+    methods, Table 2's variants, Table 4's grid; Appendix A.1 reads Table 1's; None, as the figures ask: none)."""
+    own = REGIME_KINDS.get("table1" if table == "appendix_a1" else table)
+    regime = rows["kind"].astype(str).str.startswith("regime:")
+    return rows[~regime | (rows["kind"] == own)].reset_index(drop=True)
+
+
 def load_rows(paths) -> pd.DataFrame:
     """Rows of every benchmark record in `paths` (other files are ignored: traces, numerics), plus the
-    infinite-cache bound of each simulated record that computed it."""
+    infinite-cache bound of each simulated record that computed it, and every cell of a paper-regime study."""
     rows = []
     for p in paths:
         if str(p).endswith(".json"):
             rec = read_json(p)
+            if isinstance(rec, dict) and rec.get("kind") == "paper-regime":
+                from moespac.bench.record_files import validate_record
+
+                validate_record(rec)
+                rows += [dict(row, path=str(p)) for row in regime_rows(rec)]
+                continue
             rows.append(record_row(p, rec))
             bound = bound_row(rows[-1], rec)
             if bound:

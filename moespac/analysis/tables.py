@@ -114,8 +114,9 @@ def _spans(rows: pd.DataFrame, value: str, index: str, columns: str) -> pd.DataF
 
 INTERVAL_NOTE = ("[lo, hi] n=N after a number: the 95 % Student-t interval of the cell's mean over its N requests "
                  "(n=1 has none; at n=2 it is mean +- 12.7 standard errors). It covers request-to-request variation "
-                 "of one trained proxy and one trace, not another training of the proxy. Differences inside "
-                 "overlapping intervals are not called differences (audit.md).")
+                 "of one trace (of one trained proxy, or of one fitted synthetic routing), not another training of "
+                 "the proxy nor another draw of the routing. Differences inside overlapping intervals are not called "
+                 "differences (audit.md).")
 
 
 def relative_improvement(tps: pd.Series, ours: str = "MoE-SpAc", among=None) -> float | None:
@@ -135,7 +136,8 @@ def table1(rows: pd.DataFrame, benchmarks: list[str] | None = None):
     ref = paper.table1()
     benchmarks = benchmarks or [b for b in ref["benchmark"].unique() if b != "average"]
     rows = rows[rows["benchmark"].isin(benchmarks)].copy()
-    rows["paper_tps"] = [paper.lookup(ref, "tps", method=m, benchmark=b) for m, b in zip(rows["label"], rows["benchmark"])]
+    rows["paper_tps"] = [paper.lookup(ref, "tps", method=m, benchmark=b)
+                         for m, b in zip(rows["label"], rows["benchmark"])]
     rows["paper_latency_s"] = [paper.lookup(ref, "latency_s", method=m, benchmark=b)
                                for m, b in zip(rows["label"], rows["benchmark"])]
     blocks, long = [], [rows.assign(table="table1")]
@@ -152,14 +154,16 @@ def table1(rows: pd.DataFrame, benchmarks: list[str] | None = None):
             body = []
             for label in labels:
                 r = [shown(part, label)] + ["skipped" if (label, b) in skipped else
-                               cell(wide.loc[label, b], key.timing, paper.lookup(ref, paper_col, method=label, benchmark=b),
+                               cell(wide.loc[label, b], key.timing,
+                                    paper.lookup(ref, paper_col, method=label, benchmark=b),
                                     span=spans.loc[label, b])
                                for b in cols]
                 r.append("skipped" if all((label, b) in skipped for b in cols) else
                          cell(avg[label], key.timing, paper.lookup(ref, paper_col, method=label, benchmark="average")))
                 body.append(r)
-                long.append(pd.DataFrame([dict(table="table1", timing=key.timing, hardware=key.hardware, model=key.model,
-                                               label=label, benchmark="average", **{metric: avg[label]},
+                long.append(pd.DataFrame([dict(table="table1", timing=key.timing, hardware=key.hardware,
+                                               model=key.model, label=label, benchmark="average",
+                                               **{metric: avg[label]},
                                                **{f"paper_{paper_col}": paper.lookup(ref, paper_col, method=label,
                                                                                       benchmark="average")})]))
             if metric == "tps":
@@ -220,8 +224,23 @@ def _not_told_apart(part: pd.DataFrame) -> list[str]:
     return notes
 
 
+def routing_note(part: pd.DataFrame) -> list[str]:
+    """What routing a block's traces have, beside the paper's (a reader sees why a proxy block and the paper-regime
+    block differ): the expert-cost ratio a/b of its speculative rows, over its benchmarks."""
+    sd = part[part["speculative"].fillna(False).astype(bool)] if "a_over_b_per_token" in part else part.iloc[:0]
+    ab = sd["a_over_b_per_token"].dropna() if len(sd) else pd.Series(dtype=float)  # an AR step's tokens share none
+    if ab.empty:
+        return []
+    ref = paper.appendix()
+    theirs = ref.loc[ref["quantity"] == "expert_cost_ratio_a_over_b", "value"]
+    return [f"routing of this block's traces: a/b (distinct experts of a verify step / (tokens x top-k)) "
+            f"{ab.min():.2f}-{ab.max():.2f} over its benchmarks; the paper measured {theirs.min():.2f}-"
+            f"{theirs.max():.2f} (App. A.1). Lower a/b = more experts shared by the tokens a step verifies, which "
+            "is what speculative decoding's gain rests on"]
+
+
 def _notes(part: pd.DataFrame) -> list[str]:
-    notes = _stand_in_notes(part)
+    notes = routing_note(part) + _stand_in_notes(part)
     skipped = part[_skipped(part)]
     for (label, reason), grp in skipped.groupby(["label", "skip_reason"], sort=False):
         notes.append(f"{label}: skipped, not run here on {', '.join(dict.fromkeys(grp['benchmark']))} ({reason})")
@@ -244,14 +263,16 @@ def table2(rows: pd.DataFrame):
     ref = paper.table2()
     rows = rows.copy()
     rows["label"] = [TABLE2_LABELS.get(m, lbl) for m, lbl in zip(rows["method"], rows["label"])]
-    rows["paper_tps"] = [paper.lookup(ref, "tps", method=m, benchmark=b) for m, b in zip(rows["label"], rows["benchmark"])]
+    rows["paper_tps"] = [paper.lookup(ref, "tps", method=m, benchmark=b)
+                         for m, b in zip(rows["label"], rows["benchmark"])]
     rows["paper_latency_s"] = [paper.lookup(ref, "latency_s", method=m, benchmark=b)
                                for m, b in zip(rows["label"], rows["benchmark"])]
     blocks = []
     for key in blocks_of(rows):
         part = rows[(rows["timing"] == key.timing) & (rows["hardware"] == key.hardware) & (rows["model"] == key.model)]
         labels, cols = list(dict.fromkeys(part["label"])), list(dict.fromkeys(part["benchmark"]))
-        tps, lat = (_pivot(part, v, "label", "benchmark").reindex(index=labels, columns=cols) for v in ("tps", "latency_s"))
+        tps, lat = (_pivot(part, v, "label", "benchmark").reindex(index=labels, columns=cols)
+                    for v in ("tps", "latency_s"))
         tps_span, lat_span = (_spans(part, v, "label", "benchmark").reindex(index=labels, columns=cols).fillna("")
                               for v in ("tps", "latency_s"))
         full = tps.loc["MoE-SpAc (Full)"] if "MoE-SpAc (Full)" in tps.index else None
@@ -259,7 +280,8 @@ def table2(rows: pd.DataFrame):
         for label in labels:
             r = [shown(part, label)]
             for b in cols:
-                delta = "" if full is None or label == "MoE-SpAc (Full)" else f", {100 * (tps.loc[label, b] / full[b] - 1):+.1f}%"
+                delta = ("" if full is None or label == "MoE-SpAc (Full)"
+                         else f", {100 * (tps.loc[label, b] / full[b] - 1):+.1f}%")
                 r.append(cell(tps.loc[label, b], key.timing, paper.lookup(ref, "tps", method=label, benchmark=b),
                               span=tps_span.loc[label, b]) + delta)
                 r.append(cell(lat.loc[label, b], key.timing, paper.lookup(ref, "latency_s", method=label, benchmark=b),
@@ -313,7 +335,8 @@ def table3(rows: pd.DataFrame):
             model = f"{spec} ({'; '.join([mapping_tag(mapped.iloc[0] if len(mapped) else None)] + whose[:1])})"
             for label in dict.fromkeys(grp["label"]):
                 body.append([str(hw), model, shown(grp, label)] + [
-                    cell(tps.loc[label, b], timing, paper.lookup(ref, "tps", spec=spec, method=label, benchmark=b, profile=hw),
+                    cell(tps.loc[label, b], timing,
+                         paper.lookup(ref, "tps", spec=spec, method=label, benchmark=b, profile=hw),
                          span=spans.loc[label, b])
                     for b in cols])
             imp = [relative_improvement(tps[b]) for b in cols]
@@ -325,29 +348,62 @@ def table3(rows: pd.DataFrame):
                          "above stands in for them (config: table3.models[].draft_spec)")
         beside = f" — (paper N) = {paper.TABLE3_SETUP}, not this trace: compare directions, not values" \
             if part["paper_tps"].notna().any() else ""
-        blocks.append(Block(f"TPS, {timing}{beside}", ["Hardware", "Model", "Method"] + [display(b, part) for b in cols],
+        blocks.append(Block(f"TPS, {timing}{beside}",
+                            ["Hardware", "Model", "Method"] + [display(b, part) for b in cols],
                             body, notes=notes))
     return rows.assign(table="table3"), blocks
 
 
 # ---- Table 4 -----------------------------------------------------------------------------------------------
 
+AGGREGATE_NOTE = ("Two readings of one run: per sequence (each sequence's tokens over its engine call's decode time, "
+                  "what a user of one stream sees) and aggregate (batch size x per sequence: all sequences' tokens per "
+                  "second, what a server counts). The paper calls its Table 4 'throughput (TPS)' and reads its batch-1 "
+                  "to batch-32 gain (+29.3 % at gamma = 8) as throughput, without saying which; its number sits beside "
+                  "both.")
+
+
+def best_gamma(tps: pd.Series, spans: dict) -> str:
+    """The fastest draft length of one batch size, named only where its interval separates from every other
+    length's; otherwise the lengths it cannot be told apart from."""
+    from moespac.analysis.intervals import separate
+
+    tps = tps.dropna()
+    if tps.empty:
+        return "-"
+    top = tps.idxmax()
+    tied = [g for g in tps.index if g != top and not separate(spans.get(top), spans.get(g))]
+    return f"{int(top)}" if not tied else f"not separable ({', '.join(str(int(g)) for g in sorted([top] + tied))})"
+
+
 def table4(rows: pd.DataFrame):
     ref = paper.table4()
     rows = rows.copy()
     rows["paper_tps"] = [paper.lookup(ref, "tps", batch_size=int(b), gamma=int(g))
                          for b, g in zip(rows["batch_size"], rows["gamma"])]
+    for col in ("tps", "tps_lo", "tps_hi"):  # batch x per sequence: every sequence runs for its whole call
+        rows[f"aggregate_{col}"] = rows[col] * rows["batch_size"]
     blocks = []
     for key in blocks_of(rows):
         part = rows[(rows["timing"] == key.timing) & (rows["hardware"] == key.hardware) & (rows["model"] == key.model)]
-        wide = _pivot(part, "tps", "batch_size", "gamma")
-        spans = _spans(part, "tps", "batch_size", "gamma").reindex(index=wide.index, columns=wide.columns).fillna("")
-        body = [[str(int(b))] + [cell(wide.loc[b, g], key.timing, paper.lookup(ref, "tps", batch_size=int(b), gamma=int(g)),
-                                      span=spans.loc[b, g]) for g in wide.columns] for b in wide.index]
-        best = {int(b): int(wide.loc[b].idxmax()) for b in wide.index if wide.loc[b].notna().any()}
-        notes = [f"best gamma per batch size (ours): {best}; the paper: gamma = 8 at every batch size"] + _notes(part)
-        blocks.append(Block(f"MoE-SpAc TPS, batch size x draft length, {block_title(key.timing, key.hardware, key.model, part)}",
-                            ["Batch \\ gamma"] + [str(int(g)) for g in wide.columns], body, notes))
+        for reading, prefix in (("per sequence", ""), ("aggregate over the batch", "aggregate_")):
+            view = part.assign(tps=part[f"{prefix}tps"], tps_lo=part[f"{prefix}tps_lo"], tps_hi=part[f"{prefix}tps_hi"])
+            wide = _pivot(view, "tps", "batch_size", "gamma")
+            spans = (_spans(view, "tps", "batch_size", "gamma").reindex(index=wide.index, columns=wide.columns)
+                     .fillna(""))
+            body = [[str(int(b))] + [cell(wide.loc[b, g], key.timing,
+                                          paper.lookup(ref, "tps", batch_size=int(b), gamma=int(g)),
+                                          span=spans.loc[b, g])
+                                     for g in wide.columns] for b in wide.index]
+            ci = {(int(r.batch_size), int(r.gamma)): (r.tps_lo, r.tps_hi) for r in view.itertuples()
+                  if pd.notna(r.tps_lo) and pd.notna(r.tps_hi)}
+            best = {int(b): best_gamma(wide.loc[b], {g: ci.get((int(b), int(g))) for g in wide.columns})
+                    for b in wide.index}
+            notes = [f"best gamma per batch size (ours, named only where its interval separates from every other "
+                     f"gamma's): {best}; the paper: gamma = 8 at every batch size", AGGREGATE_NOTE] + _notes(part)
+            blocks.append(Block(f"MoE-SpAc TPS {reading}, batch size x draft length, "
+                                f"{block_title(key.timing, key.hardware, key.model, part)}",
+                                ["Batch \\ gamma"] + [str(int(g)) for g in wide.columns], body, notes))
     return rows.assign(table="table4"), blocks
 
 
@@ -360,8 +416,9 @@ def table6(numerics_path):
         raise MoespacError(f"{numerics_path}: not a `moespac numerics --json` file")
     timing = d.get("timing", "measured")
     keys = ("worst_nmse", "worst_nmse_bf16", "bf16_rounding", "stock_bf16_rounding")
-    long = pd.DataFrame([dict(table="table6", timing=timing, configuration=r["configuration"], tokens=str(r.get("tokens")),
-                              cache_ratios=str(r.get("cache_ratios")), **{k: r.get(k) for k in keys}) for r in d["rows"]])
+    long = pd.DataFrame([dict(table="table6", timing=timing, configuration=r["configuration"],
+                              tokens=str(r.get("tokens")), cache_ratios=str(r.get("cache_ratios")),
+                              **{k: r.get(k) for k in keys}) for r in d["rows"]])
     ref = paper.table6()
     num = lambda v: "–" if v is None else cell(v, timing)  # noqa: E731  (records before bf16 was checked)
     body = [[r["configuration"], str(r.get("tokens")), str(r.get("cache_ratios"))] + [num(r.get(k)) for k in keys]
@@ -373,11 +430,11 @@ def table6(numerics_path):
                   "bf16 hybrid vs fp32 stock", "bf16 stock vs fp32 stock"], body,
                  [f"bound checked: worst NMSE of the hybrid against the stock block in the same dtype <= "
                   f"{fmt(d.get('bound'))} (the paper's largest): {'OK' if d.get('ok') else 'FAIL'}",
-                  "On one CPU both sides of the split run the same kernels, so the same-dtype NMSE is 0 unless a kernel, "
-                  "a routing weight or an expert is wrong (tests/test_numerics.py: a 1 % host-kernel error breaks the "
-                  "bound). The last two columns are the rounding a bf16 run carries against fp32 arithmetic: the hybrid "
-                  "must add nothing to the stock block's. The paper's CUDA-vs-CPU row needs a GPU "
-                  "(benchmarks/gpu_engine_check.sh)."])
+                  "On one CPU both sides of the split run the same kernels, so the same-dtype NMSE is 0 unless "
+                  "a kernel, a routing weight or an expert is wrong (tests/test_numerics.py: a 1 % host-kernel error "
+                  "breaks the bound). The last two columns are the rounding a bf16 run carries against fp32 "
+                  "arithmetic: the hybrid must add nothing to the stock block's. The paper's CUDA-vs-CPU row needs "
+                  "a GPU (benchmarks/gpu_engine_check.sh)."])
     theirs = Block("The paper's Table 6 (the paper's numbers)", ["Test", "Configuration", "Worst NMSE (paper)"],
                    [[r["test"], r["configuration"], fmt(r["worst_nmse"])] for _, r in ref.iterrows()])
     return long, [ours, theirs]

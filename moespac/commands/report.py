@@ -79,6 +79,13 @@ def register(sub) -> None:
                     help="skip the host inferred from the paper's llama.cpp rows (replay on --hardware only)")
     pr.add_argument("--no-sweep", dest="sweep", action="store_false",
                     help="skip moving each host parameter across its plausible range (paper_figs/consistency.md)")
+    pr.add_argument("--table2-methods", default="", help="Table 2's variants, comma-separated: also replayed on the "
+                    "inferred host (the sourced one with --no-infer-host), Table 2's paper-regime block")
+    pr.add_argument("--table2-benchmarks", default="", help="the benchmarks of those replays, comma-separated")
+    pr.add_argument("--table4-benchmark", default="", help="Table 4's benchmark: MoE-SpAc on batched traces of its "
+                    "routing over the grid below (Table 4's paper-regime block)")
+    pr.add_argument("--table4-batch-sizes", default="", help="Table 4's batch sizes, comma-separated")
+    pr.add_argument("--table4-gammas", default="", help="Table 4's draft lengths, comma-separated")
     pr.add_argument("--json", required=True, help="write the result record here")
     pr.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.csv, PREFIX.md, PREFIX.png and PREFIX.pdf")
     pr.set_defaults(func=run_paper_regime, io=IO(outputs=("json",)))
@@ -97,14 +104,14 @@ def register(sub) -> None:
 
 
 def run_table(args) -> int:
-    from moespac.analysis.rows import load_rows
+    from moespac.analysis.rows import for_table, load_rows
     from moespac.analysis.render import write_table
 
     table = get_output(args.name, "table")
     if table.reads_file:
         long, blocks = table.load()(args.inputs[0])
     else:
-        rows = load_rows(args.inputs)
+        rows = for_table(load_rows(args.inputs), args.name)
         if rows.empty:
             raise MoespacError(f"{args.name}: no result records among the inputs")
         long, blocks = table.load()(rows)
@@ -175,7 +182,8 @@ def run_whatif_locality(args) -> int:
     except ValueError:
         raise MoespacError(f"--skews {args.skews!r}: comma-separated numbers") from None
     options = dict(skews=skews, hardware=args.hardware, model_spec=args.model_spec, draft_spec=args.draft_spec,
-                   cache_ratio=args.cache_ratio, tokens=args.tokens, allow_topology_mismatch=args.allow_topology_mismatch)
+                   cache_ratio=args.cache_ratio, tokens=args.tokens,
+                   allow_topology_mismatch=args.allow_topology_mismatch)
     if args.methods:
         options["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     cfg = LocalitySweep(**options)
@@ -237,6 +245,17 @@ def run_routing_stats(args) -> int:
     return 0
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(n) for n in _names(text))
+    except ValueError:
+        raise MoespacError(f"{flag} {text!r}: comma-separated whole numbers") from None
+
+
 def run_paper_regime(args) -> int:
     from tqdm import tqdm
 
@@ -247,11 +266,14 @@ def run_paper_regime(args) -> int:
     from moespac.experiments.paper_regime import PaperRegimeStudy, run_study
 
     benchmarks = tuple(BENCHMARKS) if args.benchmarks == "all" else tuple(b.strip() for b in args.benchmarks.split(","))
-    cfg = PaperRegimeStudy(methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), benchmarks=benchmarks,
+    cfg = PaperRegimeStudy(methods=_names(args.methods), benchmarks=benchmarks,
                            hardware=args.hardware, model_spec=args.model_spec, draft_spec=args.draft_spec,
                            cache_ratio=args.cache_ratio, gamma=args.gamma, requests=args.requests,
-                           new_tokens=args.new_tokens, infer_host=args.infer_host,
-                           sweep=args.sweep)
+                           new_tokens=args.new_tokens, infer_host=args.infer_host, sweep=args.sweep,
+                           table2_methods=_names(args.table2_methods), table2_benchmarks=_names(args.table2_benchmarks),
+                           table4_benchmark=args.table4_benchmark, table4_batch_sizes=_ints(args.table4_batch_sizes,
+                                                                                            "--table4-batch-sizes"),
+                           table4_gammas=_ints(args.table4_gammas, "--table4-gammas"))
     record = run_study(cfg, progress=lambda it, n, what: tqdm(it, total=n, desc=what))
     write_result(args.json, record)
     md = render(record)

@@ -42,6 +42,8 @@ BRACKETED = ("moespac", "llamacpp-sd", "hybrimoe")
 lossless baseline of the sourced run."""
 REFERENCE = ("oracle-sd",)
 """Bounds, not methods: never 'the best other method'."""
+FITTED_ROW = "llamacpp"
+"""The catalogue method of the paper's row the host is fitted to (infer_host.PAPER_ROWS)."""
 
 
 @dataclass(frozen=True)
@@ -73,14 +75,33 @@ class PaperRegimeStudy:
     sweep: bool = True
     """With infer_host: also move each host parameter across its plausible range (infer_host.PLAUSIBLE) and
     replay the headline and every lossless method there."""
+    table2_methods: tuple[str, ...] = ()
+    """Table 2's variants (ablations), replayed on the inferred host (the sourced one without infer_host)."""
+    table2_benchmarks: tuple[str, ...] = ()
+    """The benchmarks of those replays (Table 2's own)."""
+    table4_benchmark: str = ""
+    """Table 4's benchmark: MoE-SpAc replayed over the grid below on batched traces of its routing ('' = none)."""
+    table4_batch_sizes: tuple[int, ...] = ()
+    """Table 4's batch sizes (sequences per engine call)."""
+    table4_gammas: tuple[int, ...] = ()
+    """Table 4's draft lengths (the routing fitted at `gamma` is kept; alpha and a/b at other lengths follow)."""
 
     def __post_init__(self):
         if not self.methods or not self.benchmarks:
             raise MoespacError("paper-regime study: give at least one method and one benchmark")
-        for m in self.methods:
+        for m in self.methods + self.table2_methods:
             get_method(m)
-        for b in self.benchmarks:
+        for b in self.benchmarks + self.table2_benchmarks:
             get_benchmark(b)
+        if self.table4_benchmark and self.table4_benchmark not in self.benchmarks:
+            raise MoespacError(f"paper-regime study: table4 benchmark {self.table4_benchmark!r} "
+                               "is not a study benchmark")
+        if any(v < 1 for v in self.table4_batch_sizes + self.table4_gammas):
+            raise MoespacError("paper-regime study: table4 batch sizes and gammas >= 1")
+        if set(self.table2_benchmarks) - set(self.benchmarks):
+            raise MoespacError(f"paper-regime study: table2 benchmark "
+                               f"{sorted(set(self.table2_benchmarks) - set(self.benchmarks))[0]!r} "
+                               "is not a study benchmark")
         check_unit_interval("paper-regime study cache_ratio", self.cache_ratio)
         if self.gamma < 1 or self.requests < 1 or self.new_tokens < 2:
             raise MoespacError("paper-regime study: gamma and requests >= 1, new_tokens >= 2")
@@ -96,11 +117,11 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
     shape = pr.Shape(requests=cfg.requests, new_tokens=cfg.new_tokens, gamma=cfg.gamma)
     rows, skipped = [], {}
     benches = list(cfg.benchmarks)
-    traces = {}
+    traces, seeds = {}, {}
     for i, bench in enumerate(benches):
-        seed = cfg.seed + 1000 * (list(pr.BENCHMARK_ORDER).index(bench) if bench in pr.BENCHMARK_ORDER else i)
-        traces[bench] = tuple(pr.paper_regime_trace(spec, params[bench], shape, seed=seed, benchmark=bench, ar=ar)
-                              for ar in (False, True))
+        seeds[bench] = cfg.seed + 1000 * (list(pr.BENCHMARK_ORDER).index(bench) if bench in pr.BENCHMARK_ORDER else i)
+        traces[bench] = tuple(pr.paper_regime_trace(spec, params[bench], shape, seed=seeds[bench], benchmark=bench,
+                                                    ar=ar) for ar in (False, True))
     with tempfile.TemporaryDirectory() as tmp:
         inferred, hosts = None, {"sourced": cfg.hardware}
         if cfg.infer_host:
@@ -118,7 +139,7 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
                                                           hosts["inferred"], cfg.cache_ratio, cfg.draft_spec,
                                                           pr.FIT_SHAPE, seed=cfg.seed)
         replayable = []
-        for slug in cfg.methods:
+        for slug in dict.fromkeys(cfg.methods + cfg.table2_methods):
             m = get_method(slug)
             try:
                 check_signals(make_policy(m.policy), traces[benches[0]][0 if m.draft else 1].signals() | SIM_SIGNALS
@@ -132,18 +153,30 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
             trace = traces[bench][0 if m.draft else 1]
             sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
                             draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
-            metrics = simulate(sim, trace=trace)["metrics"]  # once: a comprehension over it would replay per key
-            return {k: metrics[k] for k in ("tokens_per_s", "hit_rate", "host_share")}
+            rec = simulate(sim, trace=trace)  # once: a comprehension over it would replay per key
+            return dict({k: rec["metrics"][k] for k in ("tokens_per_s", "latency_s", "hit_rate", "host_share")},
+                        per_request={k: [r[k] for r in rec["requests"]] for k in ("tokens_per_s", "latency_s")})
+
+        primary = "inferred" if "inferred" in hosts else "sourced"  # where Table 2's variants are replayed
+        in_table1 = [s for s in replayable if s in cfg.methods]
 
         for bench in progress(benches, len(benches), "benchmarks") if progress else benches:
             sd, ar = traces[bench]
-            methods = {key: {slug: replay(slug, bench, hardware) for slug in replayable
+            methods = {key: {slug: replay(slug, bench, hardware) for slug in in_table1
                              if not key.startswith("inferred_") or slug in BRACKETED}
                        for key, hardware in hosts.items()}
+            table2 = {} if bench not in cfg.table2_benchmarks else {
+                slug: methods[primary].get(slug) or replay(slug, bench, hosts[primary])
+                for slug in cfg.table2_methods if slug in replayable}
             rows.append(dict(benchmark=bench, params=dataclasses.asdict(params[bench]), filled=bench not in fitted,
                              target=targets.get(bench, {}), measured=pr.measured_statistics(sd),
                              sd_trace=sd.trace_id(), ar_trace=ar.trace_id(), methods=methods.pop("sourced"),
-                             **{f"methods_{k}": v for k, v in methods.items()}))
+                             **{f"methods_{k}": v for k, v in methods.items()}, table2=table2, table2_host=primary))
+        table4 = None
+        if cfg.table4_benchmark and cfg.table4_batch_sizes and cfg.table4_gammas:
+            table4 = dict(benchmark=cfg.table4_benchmark, host=primary,
+                          cells=batch_grid(cfg, spec, params[cfg.table4_benchmark], seeds[cfg.table4_benchmark],
+                                           hosts[primary], progress))
         if inferred is not None and cfg.sweep:
             swept = [b for b in benches if b in fitted]
             pool = contenders({r["benchmark"]: r["methods_inferred"] for r in rows if r["benchmark"] in swept})
@@ -153,19 +186,44 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
                f"probability {pr.SELF_DRAFT_FIDELITY} (assumed: the fidelity MoE-SpeQ reports for its own INT4 "
                f"self-draft, not a statistic of this paper), else another expert")
     metrics = dict(rows=rows, skipped=skipped, smape_target=smape_target, smape_note=smape_note, fill_rule=fill_rule,
-                   self_draft_note=sd_note, inferred_host=inferred,
+                   self_draft_note=sd_note, inferred_host=inferred, table4=table4,
                    source=pr.SOURCE, reads=sorted(pr.ROUTING_QUANTITIES) + ["smape"])
     return make_record("paper-regime", "simulated", dataclasses.asdict(cfg), metrics)
 
 
-CONTENDER_RULE = ("replayed at each point (MoE-SpAc, llama.cpp-w/ SD, and every lossless method within 2x of the best "
-                  "lossless one on some swept benchmark at the inferred host; the rest are left out to keep the job short)")
+def batch_grid(cfg: PaperRegimeStudy, spec, params, seed: int, hardware: str, progress=None) -> list[dict]:
+    """Table 4 on paper-regime routing: MoE-SpAc on batched traces of one benchmark's routing at every batch size x
+    draft length; tokens/s of all sequences together (aggregate) and per sequence (aggregate / batch size, as each
+    sequence runs for its whole call), with the per-call samples of the aggregate."""
+    m = get_method("moespac")
+    grid = [(b, g) for b in cfg.table4_batch_sizes for g in cfg.table4_gammas]
+    out = []
+    for b, g in progress(grid, len(grid), "table 4 cells") if progress else grid:
+        shape = pr.Shape(requests=cfg.requests, new_tokens=cfg.new_tokens, gamma=g, batch=b)
+        trace = pr.paper_regime_trace(spec, params, shape, seed=seed, benchmark=cfg.table4_benchmark,
+                                      self_draft=False)  # MoE-SpAc does not read it
+        sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
+                        draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
+        rec = simulate(sim, trace=trace)
+        agg = rec["metrics"]["tokens_per_s"]
+        out.append(dict(batch_size=b, gamma=g, trace=trace.trace_id(), tokens_per_s=agg / b, aggregate_tokens_per_s=agg,
+                        latency_s=rec["metrics"]["latency_s"], hit_rate=rec["metrics"]["hit_rate"],
+                        per_request={"aggregate_tokens_per_s": [r["tokens_per_s"] for r in rec["requests"]],
+                                     "latency_s": [r["latency_s"] for r in rec["requests"]]},
+                        measured=pr.measured_statistics(trace) if b == 1 else None))
+    return out
+
+
+CONTENDER_RULE = ("replayed at each point (MoE-SpAc, llama.cpp-w/ SD, llama.cpp (the row the host is fitted to: how "
+                  "far each parameter moves it says whether the paper's rows pin that parameter down), and every "
+                  "lossless method within 2x of the best lossless one on some swept benchmark at the inferred host; "
+                  "the rest are left out to keep the job short)")
 
 
 def contenders(on_inferred: dict[str, dict[str, dict]], factor: float = 2.0) -> list[str]:
     """The sweep's methods (CONTENDER_RULE), from {benchmark: {slug: metrics}} on the inferred host."""
     exact = lossless_of({s for per in on_inferred.values() for s in per})
-    keep = {"moespac", "llamacpp-sd"}
+    keep = {"moespac", "llamacpp-sd", FITTED_ROW}
     for per in on_inferred.values():
         tps = {s: m["tokens_per_s"] for s, m in per.items() if exact[s] and s not in REFERENCE and s != "moespac"}
         if tps:

@@ -81,7 +81,8 @@ def with_host_bandwidth(profile: HardwareProfile, bandwidth: float, source: str,
     return with_parameter(profile, "host_mem_bandwidth", bandwidth, source, name)
 
 
-def llamacpp_tps(profile_path: str, trace: Trace, cache_ratio: float, draft_spec: str, policy: str = FIT_POLICY) -> float:
+def llamacpp_tps(profile_path: str, trace: Trace, cache_ratio: float, draft_spec: str,
+                 policy: str = FIT_POLICY) -> float:
     cfg = SimConfig(trace=trace.trace_id(), policy=policy, hardware=profile_path, model_spec="trace",
                     draft_spec=draft_spec, cache_ratio=cache_ratio, bounds=False, warmup_steps=0)
     return float(simulate(cfg, trace=trace)["metrics"]["tokens_per_s"])

@@ -73,6 +73,8 @@ class Shape:
     new_tokens: int = 256
     prompt_tokens: int = 64
     gamma: int = 8
+    batch: int = 1
+    """Sequences per request (one engine call): their steps run together, each sequence leaving when done."""
 
 
 GOLDEN = 0.6180339887498949
@@ -110,7 +112,7 @@ def _topk(logits: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(-logits, k - 1, axis=-1)[..., :k]
 
 
-def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.ndarray, sd_rng):
+def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.ndarray, sd_rng, self_draft: bool = True):
     """(rows [n, L, k], cross [n, L, k], self-draft [n, L, k], steps [(kind, tokens, gamma, accepted, emitted)])
     of one request."""
     L, E, k, g = spec.num_moe_layers, spec.num_experts, spec.top_k, shape.gamma
@@ -141,16 +143,33 @@ def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.nda
                 pred[:, layer] = _topk(step[layer + 1] + lead, k)  # layer l + 1's router on layer l's input
         rows.append(ids)
         cross.append(pred)
-        drafted.append(np.full_like(ids, -1) if kind == "prefill"
+        drafted.append(np.full_like(ids, -1) if kind == "prefill" or not self_draft
                        else self_draft_rows(sd_rng, ids, E, SELF_DRAFT_FIDELITY))
         steps.append((kind, n, gam, acc, out))
         emitted += out
     return np.concatenate(rows), np.concatenate(cross), np.concatenate(drafted), steps
 
 
+def _batched(seqs: list[tuple]) -> tuple:
+    """One request of several sequences (each _request's output): step i runs the i-th step of every sequence
+    that still has one (their rows one after another; accepted drafts and new tokens summed), as a batch whose
+    finished sequences leave."""
+    starts = [np.cumsum([0] + [st[1] for st in steps]) for *_, steps in seqs]
+    rows, cross, drafted, steps = [], [], [], []
+    for i in range(max(len(q[3]) for q in seqs)):
+        live = [j for j, q in enumerate(seqs) if i < len(q[3])]
+        for out, part in ((rows, 0), (cross, 1), (drafted, 2)):
+            out.append(np.concatenate([seqs[j][part][starts[j][i]:starts[j][i + 1]] for j in live]))
+        kind, _, gam, _, _ = seqs[live[0]][3][i]
+        steps.append((kind, sum(seqs[j][3][i][1] for j in live), gam, sum(seqs[j][3][i][3] for j in live),
+                      sum(seqs[j][3][i][4] for j in live)))
+    return np.concatenate(rows), np.concatenate(cross), np.concatenate(drafted), steps
+
+
 def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Shape(), seed: int = 0,
-                       benchmark: str = "synthetic", ar: bool = False) -> Trace:
-    """A speculative trace at `spec`'s own depth (ar=True: the AR trace of the same kept tokens)."""
+                       benchmark: str = "synthetic", ar: bool = False, self_draft: bool = True) -> Trace:
+    """A speculative trace at `spec`'s own depth (ar=True: the AR trace of the same kept tokens; self_draft=False:
+    without the self-draft signal, which only MoE-SpeQ and SP-MoE read and which costs most of the generation)."""
     if not spec.is_moe:
         raise MoespacError(f"model spec {spec.name!r} is dense: no experts to route")
     L, E, k = spec.num_moe_layers, spec.num_experts, spec.top_k
@@ -160,8 +179,14 @@ def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Sh
                             "step_emitted")}
     ids_out, cross_out, sd_out = [], [], []
     sd_rng = np.random.default_rng([seed, 1])  # its own stream: the routing draws stay as they were
+    if shape.batch > 1 and ar:
+        raise MoespacError("paper-regime traces: an autoregressive trace is batch 1 (Table 4 replays SD only)")
     for r in range(shape.requests):
-        rows, cross, drafted, steps = _request(rng, spec, params, shape, perms, sd_rng)
+        if shape.batch > 1:
+            rows, cross, drafted, steps = _batched([_request(rng, spec, params, shape, perms, sd_rng, self_draft)
+                                                    for _ in range(shape.batch)])
+        else:
+            rows, cross, drafted, steps = _request(rng, spec, params, shape, perms, sd_rng, self_draft)
         start = 0
         for kind, n, gam, acc, out in steps:
             keep = range(start, start + (n if (kind == "prefill" or not ar) else out))
@@ -182,15 +207,17 @@ def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Sh
                   step_accepted=np.int16, step_emitted=np.int32)
     steps = {c: np.asarray(v, dtype=dtypes[c]) for c, v in cols.items()}
     topk = np.concatenate(ids_out).astype(np.int16)
-    mode = "ar" if ar else f"g{shape.gamma}"
+    mode = ("ar" if ar else f"g{shape.gamma}") + (f"-b{shape.batch}" if shape.batch > 1 else "")
     meta = dict(schema_version=SCHEMA_VERSION, topology=dict(num_layers=L, num_experts=E, top_k=k),
-                model_spec=spec.to_dict(), batch_size=1, source=SOURCE,
+                model_spec=spec.to_dict(), batch_size=shape.batch, source=SOURCE,
                 trace_id=f"paper-regime-{spec.name}-{benchmark}-{mode}-s{seed}",
                 synthetic=dict(dataclasses.asdict(params), **dataclasses.asdict(shape), seed=seed, benchmark=benchmark,
-                               ar=ar, source=SOURCE, self_draft_fidelity=None if ar else SELF_DRAFT_FIDELITY))
+                               ar=ar, source=SOURCE,
+                               self_draft_fidelity=None if ar or not self_draft else SELF_DRAFT_FIDELITY))
     return Trace(meta=meta, steps=steps, topk_ids=topk, topk_weights=np.full(topk.shape, 1.0 / k, np.float16),
                  cross_topk=np.concatenate(cross_out).astype(np.int16),
-                 self_draft_topk=None if ar else np.concatenate(sd_out).astype(np.int16)).validate("paper-regime trace")
+                 self_draft_topk=None if ar or not self_draft else np.concatenate(sd_out).astype(np.int16),
+                 ).validate("paper-regime trace")
 
 
 def measured_statistics(trace: Trace) -> dict:
