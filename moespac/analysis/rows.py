@@ -206,16 +206,22 @@ def _offline_proxy(benchmark) -> bool:
         return False
 
 
-def _intervals(rec: dict, tps_key: str) -> dict:
-    """95 % Student-t intervals of the row's TPS and latency means over its requests (NaN with fewer than two)."""
+def interval_columns(tps, latency) -> dict:
+    """tps_lo/hi and latency_lo/hi: the 95 % Student-t intervals of the means of these per-request samples
+    (None with fewer than two)."""
     from moespac.analysis.intervals import mean_interval
 
-    requests = rec.get("requests") if isinstance(rec.get("requests"), list) else []
     out = {}
-    for col, key in (("tps", tps_key), ("latency", "latency_s")):
-        ci = mean_interval([r.get(key) for r in requests], f"{rec.get('config_hash')}:{col}")
+    for col, samples in (("tps", tps), ("latency", latency)):
+        ci = mean_interval(samples or [])
         out[f"{col}_lo"], out[f"{col}_hi"] = ci if ci else (None, None)
     return out
+
+
+def _intervals(rec: dict, tps_key: str) -> dict:
+    """The row's TPS and latency intervals over its requests (interval_columns)."""
+    requests = rec.get("requests") if isinstance(rec.get("requests"), list) else []
+    return interval_columns([r.get(tps_key) for r in requests], [r.get("latency_s") for r in requests])
 
 
 def record_row(path, rec: dict | None = None) -> dict:
@@ -275,7 +281,6 @@ def regime_rows(rec: dict) -> list[dict]:
     """The cells of a paper-regime study (moespac/experiments/paper_regime.py) as table rows: every Table 1 method
     and every Table 2 variant on synthetic routing fitted to the paper's A.1, on the inferred host where the
     study inferred one (else the sourced profile), one block of their own (its hardware and model say both)."""
-    from moespac.analysis.intervals import mean_interval
     from moespac.catalogue import get_method
 
     c, m = rec["config"], rec["metrics"]
@@ -306,16 +311,12 @@ def regime_rows(rec: dict) -> list[dict]:
                            stand_in=stand_in_of(method.policy), variants=variants_of(method.policy),
                            lossy=lossy_of(method.policy),
                            config_hash=f"{rec['config_hash']}:{table}:{r['benchmark']}:{slug}")
-                for col, key in (("tps", "tokens_per_s"), ("latency", "latency_s")):
-                    ci = mean_interval(per.get(key) or [])
-                    row[f"{col}_lo"], row[f"{col}_hi"] = ci if ci else (None, None)
-                out.append(row)
+                out.append(dict(row, **interval_columns(per.get("tokens_per_s"), per.get("latency_s"))))
     return out + _regime_table4(rec, hardware, model)
 
 
 def _regime_table4(rec: dict, hardware: str, model: str) -> list[dict]:
     """Table 4's cells of a paper-regime study: MoE-SpAc per sequence on batched traces (intervals over calls)."""
-    from moespac.analysis.intervals import mean_interval
 
     c, t4 = rec["config"], rec["metrics"].get("table4") or {}
     out = []
@@ -330,10 +331,7 @@ def _regime_table4(rec: dict, hardware: str, model: str) -> list[dict]:
                    requests=len(per["aggregate_tokens_per_s"]), skipped=False,
                    draft_charged=f"{c['draft_spec']} (spec)",
                    config_hash=f"{rec['config_hash']}:table4:b{b}:g{cell['gamma']}")
-        for col, values in (("tps", [v / b for v in per["aggregate_tokens_per_s"]]), ("latency", per["latency_s"])):
-            ci = mean_interval(values)
-            row[f"{col}_lo"], row[f"{col}_hi"] = ci if ci else (None, None)
-        out.append(row)
+        out.append(dict(row, **interval_columns([v / b for v in per["aggregate_tokens_per_s"]], per["latency_s"])))
     return out
 
 
