@@ -364,3 +364,36 @@ def test_tables_1_2_and_4_show_the_paper_regime_cells_as_a_block_of_their_own():
     assert long.loc[(long["batch_size"] == 2) & (long["gamma"] == 8), "aggregate_tps"].iloc[0] == pytest.approx(30.1)
     # the best gamma is named only where its interval separates from the others': batch 1 yes, batch 2 no
     assert "{1: '8', 2: 'not separable (4, 8)'}" in blocks[0].notes[0]
+
+
+def test_fig6_draws_the_paper_regime_grid_beside_the_recorded_batch_sweep(tmp_path):
+    """Figure 6 gains (c, d): MoE-SpAc per sequence and aggregated over the paper's batch grid, one line per gamma,
+    with the paper's gamma = 8 row in grey; the aggregate is batch size x per sequence."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from moespac.analysis import style
+    from moespac.analysis.outputs import get_output
+
+    from moespac.record import make_record
+
+    hand = _regime_record()
+    path = tmp_path / "paper_regime.json"
+    path.write_text(json.dumps(make_record("paper-regime", "simulated", hand["config"], hand["metrics"])))
+    fig = get_output("fig6_batch").load().build({"batch": [], "regime": [str(path)]})
+    assert len(fig.axes) == 4
+    per_seq, aggregate = fig.axes[2:]
+    for ax, want in ((per_seq, {4: [20.0, 15.0], 8: [24.0, 15.05]}), (aggregate, {4: [20.0, 30.0], 8: [24.0, 30.1]})):
+        drawn = [list(line.get_ydata()) for line in ax.get_lines()
+                 if not line.get_label().startswith("paper") and len(line.get_ydata())]
+        assert drawn == [pytest.approx(v) for v in want.values()]  # seaborn draws the hue levels in order
+
+        paper = [line for line in ax.get_lines() if line.get_label().startswith("paper")]
+        assert len(paper) == 1 and paper[0].get_ydata()[0] == pytest.approx(24.10)  # the paper's batch 1, gamma 8
+        assert paper[0].get_color() == style.PAPER_STYLE["color"]
+        assert ax.get_xticks().tolist()[:2] == [1, 2]
+    assert "per request" in per_seq.get_ylabel() and "aggregate" in aggregate.get_ylabel()
+    (legend,) = fig.legends  # one, below (c) and (d)
+    assert [t.get_text() for t in legend.get_texts()][:2] == ["gamma = 4", "gamma = 8"]
+    plt.close(fig)

@@ -25,11 +25,13 @@ def setup() -> None:
     plt.rcParams.update({"figure.dpi": 110, "savefig.bbox": "tight", "pdf.fonttype": 42})
 
 
-def figure(ncols: int = 1, width: float = 4.6, height: float = 3.4):
+def figure(ncols: int = 1, width: float = 4.6, height: float = 3.4, nrows: int = 1):
+    """A figure of nrows x ncols panels, the axes row by row in one list."""
     setup()
     # constrained layout keeps neighbouring panels' labels, titles and outside legends apart
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False, layout="constrained")
-    return fig, list(axes[0])
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False,
+                             layout="constrained")
+    return fig, list(axes.flat)
 
 
 def save(fig, prefix) -> list[Path]:
