@@ -138,7 +138,8 @@ def test_audit_sets_moespac_against_the_best_baseline_and_the_ablations_directio
     assert "MoE-SpAc over llama.cpp-w/ SD +25.0 % on the averages (paper +41.9 %)" in lines[0]
     assert lines[0].endswith("not separable on 1 (gsm8k): cannot be called (no benchmark's intervals separate)")
     assert ("MoE-SpAc against the best baseline here, HybriMoE (25.00 TPS), -20.0 %" in lines[1]
-            and lines[1].endswith("faster than MoE-SpAc on the averages: HybriMoE"))  # the oracle is no baseline
+            and lines[1].endswith("a higher average than MoE-SpAc: HybriMoE (faster on 0 of 1 where the intervals "
+                                 "separate)"))  # the oracle is no baseline; one request: no call
     assert "no benchmark has intervals for both (one request per cell)" in lines[2]
     # the oracle is a bound: the audit says how much of it MoE-SpAc reaches (20 / 40)
     assert any(line.endswith("MoE-SpAc reaches 50 % of the Offline oracle w/ SD (reference) (40.00 TPS), which "
@@ -150,6 +151,7 @@ def test_audit_sets_moespac_against_the_best_baseline_and_the_ablations_directio
     lines = audit.our_comparison(tmp_path / "t1.csv")
     assert lines[0].endswith("faster on 1 (gsm8k): supports the claim's direction where the intervals separate")
     assert "slower on 1 (gsm8k): does not support it" in lines[1]
+    assert lines[1].endswith("HybriMoE (faster on 1 of 1 where the intervals separate)")
     assert lines[2].endswith("the 95 % intervals separate on 1 of 1 benchmarks (gsm8k)")
     df.loc[df["method"] == "llamacpp-sd", ["tps_lo", "tps_hi"]] = (10.0, 20.5)  # overlaps: not called
     tables.table1(df, ["gsm8k"])[0].to_csv(tmp_path / "t1.csv", index=False)
