@@ -442,7 +442,11 @@ def render(table1=None, table2=None, table3=None, table4=None, appendix_a1=None,
     if table1_csv and Path(table1_csv).is_file():
         out += ["From paper_figs/table1.csv; each line is one timing block (numbers obtained differently are never "
                 "mixed). Simulated and measured numbers come from the models named in the block (a local proxy is not "
-                "Qwen3-30B-A3B), so they test the direction of a claim, not its size.", ""]
+                "Qwen3-30B-A3B), so they test the direction of a claim, not its size. 'Intervals separate' means the "
+                "95 % Student-t intervals over the requests of one trace do: they cover prompt-to-prompt variation "
+                "of one trained proxy (or one fitted routing), not another training, which can move a proxy cell "
+                "further (benchmarks/seed_spread.py, docs/reproducibility.md); a call on a proxy block holds for "
+                "that proxy.", ""]
         out += [f"- {line}" for line in our_comparison(table1_csv)]
         out += ["", "The wrapped block (external systems as their authors ship them):", ""]
         out += [f"- {line}" for line in wrapped_comparison(table1_csv)]
