@@ -59,6 +59,11 @@ def test_every_statistic_by_hand():
     assert st["reuse"] == pytest.approx((2 / 3 + 1 + 0) / 3, abs=1e-12)
     assert st["distinct_uniform"] == pytest.approx(4 * (1 - (3 / 4) ** 3), abs=1e-12)
     assert st["moespac_policy"] == "moespac" and st["hot_cold_mode"] == "sd"
+    # App. A.1's alpha and a/b: each verify step accepts 1 of 2 drafts, then rejects (5 / (5 + 5)); distinct experts
+    # per (step, layer) over 3 tokens x top-1: (2 + 3 + 1 + 2 + 1) / 15
+    assert (st["alpha"], st["a_over_b"]) == (pytest.approx(0.5, abs=1e-12), pytest.approx(0.6, abs=1e-12))
+    ar = rs.routing_stats(hand("ar"))
+    assert math.isnan(ar["alpha"]) and math.isnan(ar["a_over_b"])  # no drafts: nothing to measure
 
 
 def test_coverage_is_exact_at_the_boundary_and_the_median_is_over_layers():

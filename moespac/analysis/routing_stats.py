@@ -31,8 +31,8 @@ import numpy as np
 from moespac.errors import MoespacError
 from moespac.trace import KINDS
 
-STATS = ("experts_for_90pct", "entropy_norm", "top_share", "distinct_per_step", "distinct_uniform", "reuse",
-         "hot_cold_accuracy", "hot_cold_balanced", "smape", "moespac_hit_rate")
+STATS = ("alpha", "a_over_b", "experts_for_90pct", "entropy_norm", "top_share", "distinct_per_step",
+         "distinct_uniform", "reuse", "hot_cold_accuracy", "hot_cold_balanced", "smape", "moespac_hit_rate")
 """The statistics, in table order (routing_stats also returns the trace's size and topology)."""
 
 PAPER_LABEL = "paper (Qwen3-30B-A3B)"
@@ -100,11 +100,13 @@ def routing_stats(trace, hardware: str = "rtx4090-pcie4", model_spec: str = "tra
                     draft_spec=draft_spec, cache_ratio=cache_ratio, bounds=bounds,
                     allow_topology_mismatch=allow_topology_mismatch)
     hit = simulate(sim, trace=trace)["metrics"]["hit_rate"]
+    a1 = _appendix_a1(trace)
     top = totals.max(1) / np.maximum(totals.sum(1), 1)
     return dict(
         steps=len(counts), tokens=int(tokens.sum()), tokens_per_step=float(tokens.mean()),
         requests=len(np.unique(trace.steps["step_request"][decode])),
         new_tokens=int(trace.steps["step_emitted"].sum()), num_layers=L, num_experts=E, top_k=k,
+        alpha=a1["alpha"], a_over_b=a1["a_over_b"],
         experts_for_90pct=float(np.median(experts_for_coverage(totals))),
         entropy_norm=float(np.mean(entropy_norm(totals))),
         top_share=float(np.mean(top)),
@@ -115,6 +117,16 @@ def routing_stats(trace, hardware: str = "rtx4090-pcie4", model_spec: str = "tra
         smape=float(sm.smape(trace)),
         moespac_hit_rate=float(hit), moespac_policy=policy, hot_cold_mode="sd" if sd else "ar (no-sd)",
         hardware=hardware, model_spec=model_spec, cache_ratio=cache_ratio)
+
+
+def _appendix_a1(trace) -> dict:
+    """alpha and a/b per token as App. A.1 defines them and the paper-regime fit reads them; NaN without drafts."""
+    from moespac.sim.paper_regime import measured_statistics
+
+    if "verify" not in {KINDS[i] for i in np.unique(trace.steps["step_kind"])}:
+        return dict(alpha=float("nan"), a_over_b=float("nan"))
+    m = measured_statistics(trace)
+    return dict(alpha=m["alpha"], a_over_b=m["a_over_b"])
 
 
 def paper_reference() -> dict:
@@ -170,7 +182,8 @@ def source_of(trace) -> str:
 TITLE = ("Routing statistics of every workload beside the paper's (timing: none, counts read from traces; the hit "
          "rate: simulated)")
 
-_COLUMNS = [("experts_for_90pct", "experts for 90 %", 1), ("entropy_norm", "entropy / log E", 3),
+_COLUMNS = [("alpha", "alpha", 3), ("a_over_b", "a/b per token", 3),
+            ("experts_for_90pct", "experts for 90 %", 1), ("entropy_norm", "entropy / log E", 3),
             ("top_share", "top expert share", 3), ("distinct_per_step", "distinct / step", 1),
             ("distinct_uniform", "uniform distinct / step", 1), ("reuse", "reuse", 3),
             ("hot_cold_accuracy", "hot/cold acc.", 3), ("hot_cold_balanced", "hot/cold balanced acc.", 3),
@@ -200,6 +213,11 @@ def blocks(long) -> list:
 
     head = ["workload", "source", "L x E, k", "decode steps", "tokens/step"] + [c for _, c, _ in _COLUMNS]
     hit_range = paper_reference()["hit_rate_range"]
+    from moespac.sim.paper_regime import paper_targets
+
+    targets = paper_targets()[0]
+    a1_range = {key: f"{min(t[key] for t in targets.values()):.2f}-{max(t[key] for t in targets.values()):.2f}"
+                for key in ("alpha", "a_over_b")}
     rows = []
     for r in long.to_dict("records"):
         paper = r["source"] == "paper"
@@ -208,7 +226,9 @@ def blocks(long) -> list:
         for key, _, digits in _COLUMNS:
             v = float(r[key])
             text = fmt(v, digits)
-            if paper and key == "moespac_hit_rate":  # the paper gives one per benchmark: their range
+            if paper and key in a1_range:  # App. A.1 gives one per benchmark: their range
+                text = a1_range[key]
+            elif paper and key == "moespac_hit_rate":  # the paper gives one per benchmark: their range
                 text = f"{hit_range[0]:.2f}-{hit_range[1]:.2f}" if hit_range else "–"
             elif paper and key == "hot_cold_accuracy" and not math.isnan(v):  # read off Fig. 4
                 text = f"~{fmt(v, 2)}"
@@ -222,6 +242,10 @@ def blocks(long) -> list:
         "Over decode steps (verify / AR; prefill left out). experts for 90 %: fewest experts holding 90 % of a "
         "layer's routing entries over the trace, median over layers (uniform routing: ~0.9 E). entropy / log E and "
         "top expert share: of each layer's expert distribution over the trace, mean over layers (uniform: 1 and 1/E).",
+        "alpha (accepted / drafted tokens up to the first rejection) and a/b per token (distinct experts of a verify "
+        "step's layer / ((gamma + 1) k)) as App. A.1 defines them, over verify steps (– for a trace without drafts); "
+        "the paper's per benchmark: " + ", ".join(f"{b} {t['alpha']:.2f} / {t['a_over_b']:.2f}"
+                                                  for b, t in sorted(targets.items())) + ".",
         "distinct / step: distinct experts per layer in a decode step (uniform: E (1 - (1 - k/E)^n) for n tokens). "
         "reuse: share of a step's experts active in the request's previous decode step.",
         "hot/cold acc. (tau = 1) and sMAPE of consecutive frequencies as `moespac bench` records them (paper: ~0.87, "
