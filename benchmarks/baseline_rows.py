@@ -1,7 +1,7 @@
 """Does each Table 1 baseline behave as its own system on the workload the tables use?
 
 Replays the default study's Table 1 traces (one per benchmark) and, with --paper-regime, the paper-regime
-traces (moespac/sim/paper_regime.py) through the given policy specs, side by side in one run, and prints per
+traces (moespac/sim/paper_routing.py) through the given policy specs, side by side in one run, and prints per
 row: mean tokens/s, hit rate, GiB copied per token, host share and the policy's own statistics, then every
 pair of rows whose 95 % intervals overlap on all benchmarks (rows that a table cannot tell apart).
 
@@ -47,7 +47,7 @@ def table1_cells(results: Path, pair: str, spec: str, draft: bool):
 def paper_regime_cells(spec: str, draft: bool, requests: int, new_tokens: int):
     """(benchmark, SimConfig kwargs, trace) on the paper-regime traces the `paper_regime` rule replays."""
     from moespac.models.specs import get_spec
-    from moespac.sim import paper_regime as pr
+    from moespac.sim import paper_routing as pr
 
     model = get_spec("qwen3-30b-a3b")
     targets, smape = pr.paper_targets()

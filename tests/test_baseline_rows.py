@@ -9,7 +9,7 @@ import pytest
 
 from moespac.models.specs import get_spec
 from moespac.policy import Topology
-from moespac.sim import paper_regime as pr
+from moespac.sim import paper_routing as pr
 from moespac.sim.simulate import SimConfig, simulate
 from moespac.sim.synthetic import toy_spec
 

@@ -1,4 +1,4 @@
-"""Paper-regime routing (moespac/sim/paper_regime.py): traces at a model's own depth whose alpha and a/b are
+"""Paper-regime routing (moespac/sim/paper_routing.py): traces at a model's own depth whose alpha and a/b are
 fitted to the paper's App. A.1, round-tripped; statistics no routing can have are refused; the fit reads no
 throughput."""
 
@@ -10,7 +10,7 @@ import pytest
 from moespac.errors import MoespacError
 from moespac.models.specs import get_spec
 from moespac.policy import Topology
-from moespac.sim import paper_regime as pr
+from moespac.sim import paper_routing as pr
 from moespac.sim.profile import profile_yaml
 from moespac.sim.synthetic import toy_spec
 from moespac.trace import KINDS

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from moespac.analysis.paper import squash, table1
-from moespac.analysis.paper_regime import pct as _pct
+from moespac.analysis.paper_regime_page import pct as _pct
 from moespac.catalogue import get_method
 from moespac.experiments.paper_regime import compare, lossless_of, mean_or_none
 

@@ -121,7 +121,7 @@ def routing_stats(trace, hardware: str = "rtx4090-pcie4", model_spec: str = "tra
 
 def _appendix_a1(trace) -> dict:
     """alpha and a/b per token as App. A.1 defines them and the paper-regime fit reads them; NaN without drafts."""
-    from moespac.sim.paper_regime import measured_statistics
+    from moespac.sim.paper_routing import measured_statistics
 
     if "verify" not in {KINDS[i] for i in np.unique(trace.steps["step_kind"])}:
         return dict(alpha=float("nan"), a_over_b=float("nan"))
@@ -213,7 +213,7 @@ def blocks(long) -> list:
 
     head = ["workload", "source", "L x E, k", "decode steps", "tokens/step"] + [c for _, c, _ in _COLUMNS]
     hit_range = paper_reference()["hit_rate_range"]
-    from moespac.sim.paper_regime import paper_targets
+    from moespac.sim.paper_routing import paper_targets
 
     targets = paper_targets()[0]
     a1_range = {key: f"{min(t[key] for t in targets.values()):.2f}-{max(t[key] for t in targets.values()):.2f}"

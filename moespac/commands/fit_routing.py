@@ -33,7 +33,7 @@ def run(args) -> int:
     from moespac.datasets import BENCHMARKS, get_benchmark
     from moespac.errors import MoespacError
     from moespac.models.specs import get_spec
-    from moespac.sim import paper_regime as pr
+    from moespac.sim import paper_routing as pr
 
     if args.gamma < 1 or args.requests < 1 or args.new_tokens < 2:
         raise MoespacError("--gamma and --requests must be >= 1, --new-tokens >= 2")

@@ -259,7 +259,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 def run_paper_regime(args) -> int:
     from tqdm import tqdm
 
-    from moespac.analysis.paper_regime import frame, plot, render
+    from moespac.analysis.paper_regime_page import frame, plot, render
     from moespac.atomic import write_text
     from moespac.bench.record_files import write_result
     from moespac.datasets import BENCHMARKS

@@ -2,7 +2,7 @@
 
 The proxy pairs route almost uniformly (a/b 0.60-0.66 against the paper's 0.23-0.76), so their traces answer
 "what happens on a near-uniform router". This study replays synthetic traces at Qwen3-30B-A3B's own depth whose
-alpha and a/b are fitted per benchmark to App. A.1 (moespac/sim/paper_regime.py) through every Table 1 method
+alpha and a/b are fitted per benchmark to App. A.1 (moespac/sim/paper_routing.py) through every Table 1 method
 on one hardware profile, beside the paper's own Table 1 number. No throughput of any method is read by the fit;
 the paper's numbers are shown beside, never used. Every number here is simulated.
 
@@ -30,7 +30,7 @@ from moespac.models.specs import get_spec
 from moespac.policy import check_signals
 from moespac.record import make_record
 from moespac.registry import make_policy
-from moespac.sim import paper_regime as pr
+from moespac.sim import paper_routing as pr
 from moespac.sim.infer_host import PLAUSIBLE, ab_from_sd_gain, infer_host, with_host_bandwidth, with_parameter
 from moespac.sim.profile import profile_yaml
 from moespac.sim.replay import SIM_SIGNALS

@@ -142,7 +142,7 @@ def ab_from_sd_gain(spec, params: dict, profile_path: str, cache_ratio: float, d
     RoutingParams, alpha already A.1's): the token spread at which llama.cpp's SD gain on this host equals the
     paper's (llama.cpp-w/ SD over llama.cpp, Table 1), and the a/b that spread gives, beside A.1's. A gain no
     spread reaches is said with the a/b range searched. Reads only SD_ROWS."""
-    from moespac.sim import paper_regime as pr
+    from moespac.sim import paper_routing as pr
 
     plain, sd = paper_tps(SD_ROWS[0]), paper_tps(SD_ROWS[1])
     out = {}
