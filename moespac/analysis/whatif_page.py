@@ -51,7 +51,9 @@ def plot_locality(record: dict, prefix) -> list:
     cfg, m = record["config"], record["metrics"]
     fig, (ax,) = figure(width=5.6, height=3.8)
     recorded = [r for r in m["rows"] if r["recorded"]]
-    for slug in cfg["methods"]:
+    from matplotlib.transforms import offset_copy
+
+    for i, slug in enumerate(cfg["methods"]):
         pts = [(r["distinct"], r["methods"][slug]["tokens_per_s"]) for r in m["rows"]
                if not r["recorded"] and slug in r["methods"]]
         if not pts:
@@ -59,8 +61,10 @@ def plot_locality(record: dict, prefix) -> list:
         line, = ax.plot(*zip(*pts), marker="o", label=get_method(slug).label)
         for r in recorded:  # the recorded traces sit together: one star per method, on the right of the column
             if slug in r["methods"]:
+                # one method's star a few points beside the next's: at one x, close values would hide each other
+                shift = offset_copy(ax.transData, fig=fig, x=6 * (i - (len(cfg["methods"]) - 1) / 2), units="points")
                 ax.scatter([r["distinct"]], [r["methods"][slug]["tokens_per_s"]], marker="*", s=110,
-                           color=line.get_color(), edgecolor="white", linewidth=0.6, zorder=3)
+                           color=line.get_color(), edgecolor="white", linewidth=0.6, zorder=3, transform=shift)
     ax.axvline(m["uniform_distinct"], color="0.5", linestyle=":", linewidth=1)
     ax.annotate(f"uniform routing ({m['uniform_distinct']:.1f})", (m["uniform_distinct"], 0.42),
                 xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points", ha="right",
@@ -73,6 +77,8 @@ def plot_locality(record: dict, prefix) -> list:
     style.rate_axis(ax, "tokens/s (simulated)")
     ax.set_title("What-if: tokens/s as routing locality falls (synthetic lines; recorded stars)", fontsize=9)
     style.footnote(fig, f"Simulated: {cfg['model_spec']} experts on {cfg['hardware']}, cache ratio "
-                   f"{cfg['cache_ratio']:g}; more distinct experts per step = less locality.")
+                   f"{cfg['cache_ratio']:g}; more distinct experts per step = less locality. The stars of the recorded "
+                   "traces sit at their trace's x, each method's drawn a few points beside the next so that none hides "
+                   "another.")
     ax.legend(fontsize=7, ncol=2)
     return save(fig, prefix)
