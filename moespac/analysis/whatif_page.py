@@ -59,10 +59,10 @@ def plot_locality(record: dict, prefix) -> list:
         if not pts:
             continue
         line, = ax.plot(*zip(*pts), marker="o", label=get_method(slug).label)
-        for r in recorded:  # the recorded traces sit together: one star per method, on the right of the column
+        # one method's star a few points beside the next's: at one x, close values would hide each other
+        shift = offset_copy(ax.transData, fig=fig, x=6 * (i - (len(cfg["methods"]) - 1) / 2), units="points")
+        for r in recorded:  # the recorded traces sit together: one star per method
             if slug in r["methods"]:
-                # one method's star a few points beside the next's: at one x, close values would hide each other
-                shift = offset_copy(ax.transData, fig=fig, x=6 * (i - (len(cfg["methods"]) - 1) / 2), units="points")
                 ax.scatter([r["distinct"]], [r["methods"][slug]["tokens_per_s"]], marker="*", s=110,
                            color=line.get_color(), edgecolor="white", linewidth=0.6, zorder=3, transform=shift)
     ax.axvline(m["uniform_distinct"], color="0.5", linestyle=":", linewidth=1)
