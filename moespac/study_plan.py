@@ -15,6 +15,7 @@ from moespac.analysis.outputs import OUTPUTS, lookup, names as output_names
 from moespac.catalogue import get_method, k_method
 from moespac.datasets import get_benchmark
 from moespac.registry import make_policy
+from moespac.sim.paper_routing import trace_name
 
 CELLS = dict(
     trace="traces/{pair}/{benchmark}/g{gamma}-b{batch}-n{tokens}",
@@ -26,6 +27,9 @@ CELLS = dict(
 """One path pattern per kind of cell, under results/ (wildcards in braces)."""
 
 PAPER_REGIME_RECORD = "results/whatif/paper_regime.json"
+PAPER_REGIME_TRACES = "results/traces/paper-regime"
+"""The paper-regime study's traces (`moespac report paper-regime --traces`): BENCHMARK-gGAMMA.npz and BENCHMARK-ar.npz,
+the names `moespac fit-routing --traces` writes."""
 SWEEP_SETTING = {"cache_ratio": "cache", "draft_cache": "cache", "gen_length": "tokens", "batch": "batch"}
 """The cell setting each sweep varies (K varies the method: MoE-SpAc's utility bound is a policy option)."""
 RECORDED_ON_REQUEST = {"self_draft_topk": "--self-draft-lookahead"}
@@ -148,6 +152,12 @@ class StudyPlan:
         """The paper-regime study's record, when it runs: Tables 1, 2 and 4 show its cells as a block of their own."""
         regime = self.config["whatif"].get("paper_regime", {"activate": False})
         return [PAPER_REGIME_RECORD] if regime["activate"] else []
+
+    def paper_regime_traces(self, draft: bool = True) -> dict[str, str]:
+        """{benchmark: the paper-regime study's trace} (speculative at simulation.gamma, or autoregressive): the
+        traces its cells replay, written beside its record so the routing-stats page can read them."""
+        return {b: f"{PAPER_REGIME_TRACES}/{trace_name(b, self.sim['gamma'], ar=not draft)}"
+                for b in self.config["benchmarks"]}
 
     def table1_records(self) -> list[str]:
         c, benchmarks = self.config, self.config["benchmarks"]

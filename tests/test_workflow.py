@@ -236,7 +236,12 @@ def test_tiny_study_end_to_end(tiny_study):
     whatif = (figs / "whatif_locality.md").read_text()
     assert "(timing: simulated)" in whatif and "| gsm8k (recorded) |" in whatif
     stats = pd.read_csv(figs / "routing_stats.csv")  # every trace of the study and each what-if skew, the paper's row
-    assert len(stats) == 2 + 2 + 1 and stats["label"].str.contains("what-if skew").sum() == 2
+    assert len(stats) == 2 + 2 + 1 + 1 and stats["label"].str.contains("what-if skew").sum() == 2
+    # ... and the paper-regime study's own speculative trace: the one its cells replay, with its fitted statistics
+    (fitted,) = stats[stats["label"] == "paper-regime gsm8k SD"].to_dict("records")
+    assert fitted["source"] == "synthetic, A.1 fit" and fitted["trace_id"] == row["sd_trace"]
+    assert (fitted["alpha"], fitted["a_over_b"]) == pytest.approx((row["measured"]["alpha"],
+                                                                   row["measured"]["a_over_b"]), rel=1e-9)
     whatif_csv = pd.read_csv(figs / "whatif_locality.csv")
     assert set(whatif_csv["timing"]) == {"simulated"} and whatif_csv["recorded"].any()
     assert "does not re-derive" in (figs / "audit.md").read_text()
@@ -354,7 +359,8 @@ def test_two_clean_runs_write_identical_traces_and_simulated_outputs(tiny_study,
     traces = files(first, "results/traces/**/*.npz")
     simulated = files(first, "results/simulated/**/*.json") + files(first, "results/whatif/*.json")
     figures = [f for f in files(first, "paper_figs/*.p[dn][gf]") if not f.startswith("paper_figs/fig_overhead")]
-    assert len(traces) == 3 and len(simulated) >= 8 and len(figures) == 16  # consistency.p* among them
+    # the recorded and derived traces, and the paper-regime study's two (speculative and autoregressive)
+    assert len(traces) == 3 + 2 and len(simulated) >= 8 and len(figures) == 16  # consistency.p* among them
     for name in traces + simulated + figures:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     for name in simulated:

@@ -169,9 +169,12 @@ def whatif_trace(skew: float, sweep=None):
 
 
 def source_of(trace) -> str:
-    """'synthetic' (moespac.sim.synthetic), 'imported' (moespac import-trace) or 'recorded' (the engine)."""
+    """'synthetic, A.1 fit' (moespac.sim.paper_routing: the paper-regime study's), 'synthetic' (moespac.sim.synthetic),
+    'imported' (moespac import-trace) or 'recorded' (the engine)."""
+    from moespac.sim.paper_routing import SOURCE
+
     if "synthetic" in trace.meta:
-        return "synthetic"
+        return "synthetic, A.1 fit" if trace.meta.get("source") == SOURCE else "synthetic"
     if trace.meta.get("imported"):
         return "imported"
     return "recorded"
@@ -256,8 +259,10 @@ def blocks(long) -> list:
         "MoE-SpAc hit rate: simulated (**S**) GPU expert-cache hit rate, " + "; ".join(
             f"{pol} on {hw}, model spec {spec}, cache ratio {ratio:g}" for hw, spec, ratio, pol in settings)
         + " (paper: 0.70-0.75 measured on Qwen3-30B-A3B, App. C.2).",
-        "Routing statistics are read from the traces: recorded by the engine, synthetic (moespac.sim.synthetic) or "
-        "imported; *italic* = the paper's number, – = not given."]
+        "Routing statistics are read from the traces: recorded by the engine, synthetic (moespac.sim.synthetic: the "
+        "what-if's), synthetic fitted to the paper's App. A.1 alpha and a/b per benchmark (moespac.sim.paper_routing: "
+        "the paper-regime study's, at the model spec's own depth) or imported; *italic* = the paper's number, – = not "
+        "given."]
     return [Block(TITLE, head, rows, notes)]
 
 

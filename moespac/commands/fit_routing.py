@@ -61,9 +61,9 @@ def run(args) -> int:
         rows[bench] = row
         if args.traces:
             out = Path(args.traces)
-            trace.save(out / f"{bench}-g{args.gamma}.npz")
+            trace.save(out / pr.trace_name(bench, args.gamma))
             pr.paper_regime_trace(spec, params[bench], shape, seed=args.seed, benchmark=bench,
-                                  ar=True).save(out / f"{bench}-ar.npz")
+                                  ar=True).save(out / pr.trace_name(bench, args.gamma, ar=True))
         fmt = lambda k: f"{want[k]:.2f} / {got[k]:.3f}" if k in want else f"  -  / {got[k]:.3f}"
         print(f"{bench:10s} {fmt('alpha'):>13s} {fmt('a_over_b'):>13s} {got['smape']:6.3f}  temperature "
               f"{params[bench].temperature:.3f}, persistence {params[bench].persistence:.4f}"

@@ -88,6 +88,8 @@ def register(sub) -> None:
     pr.add_argument("--table4-gammas", default="", help="Table 4's draft lengths, comma-separated")
     pr.add_argument("--json", required=True, help="write the result record here")
     pr.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.csv, PREFIX.md, PREFIX.png and PREFIX.pdf")
+    pr.add_argument("--traces", default=None, metavar="DIR", help="also write the study's traces there: "
+                    "BENCHMARK-gGAMMA.npz (speculative) and BENCHMARK-ar.npz, the names `moespac fit-routing` writes")
     pr.set_defaults(func=run_paper_regime, io=IO(outputs=("json",)))
 
     r = rsub.add_parser("routing-stats", help="routing statistics of traces (concentration, distinct experts per "
@@ -274,7 +276,7 @@ def run_paper_regime(args) -> int:
                            table4_benchmark=args.table4_benchmark, table4_batch_sizes=_ints(args.table4_batch_sizes,
                                                                                             "--table4-batch-sizes"),
                            table4_gammas=_ints(args.table4_gammas, "--table4-gammas"))
-    record = run_study(cfg, progress=lambda it, n, what: tqdm(it, total=n, desc=what))
+    record = run_study(cfg, progress=lambda it, n, what: tqdm(it, total=n, desc=what), traces_dir=args.traces)
     write_result(args.json, record)
     md = render(record)
     write_text(f"{args.out}.md", md)

@@ -107,9 +107,10 @@ class PaperRegimeStudy:
             raise MoespacError("paper-regime study: gamma and requests >= 1, new_tokens >= 2")
 
 
-def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
+def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | None = None) -> dict:
     """The study's record (timing: simulated): the fit with its residuals, and per benchmark every method's
-    simulated tokens/s and hit rate. progress: an optional callable(iterable, total, what) -> iterable."""
+    simulated tokens/s and hit rate. progress: an optional callable(iterable, total, what) -> iterable. traces_dir:
+    also write every benchmark's two traces there (pr.trace_name), once the study has run."""
     spec = get_spec(cfg.model_spec)
     targets, smape_target = pr.paper_targets()
     fitted, smape_note = pr.fit_routing(spec, targets, smape_target, gamma=cfg.gamma, seed=cfg.seed)
@@ -182,6 +183,10 @@ def run_study(cfg: PaperRegimeStudy, progress=None) -> dict:
             pool = contenders({r["benchmark"]: r["methods_inferred"] for r in rows if r["benchmark"] in swept})
             inferred["sweep"] = host_sweep(profile, pool, swept, replay, Path(tmp), progress)
             inferred["sweep_pool_rule"] = CONTENDER_RULE
+    if traces_dir is not None:
+        for bench, (sd, ar) in traces.items():
+            sd.save(Path(traces_dir) / pr.trace_name(bench, cfg.gamma))
+            ar.save(Path(traces_dir) / pr.trace_name(bench, cfg.gamma, ar=True))
     sd_note = (f"MoE-SpeQ and SP-MoE read a synthetic self-draft signal: each drafted token's top-k entry kept with "
                f"probability {pr.SELF_DRAFT_FIDELITY} (assumed: the fidelity MoE-SpeQ reports for its own INT4 "
                f"self-draft, not a statistic of this paper), else another expert")

@@ -220,6 +220,12 @@ def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Sh
                  ).validate("paper-regime trace")
 
 
+def trace_name(benchmark: str, gamma: int, ar: bool = False) -> str:
+    """The file name of a benchmark's paper-regime trace (speculative at `gamma`, or its autoregressive twin), as
+    `moespac fit-routing --traces` and `moespac report paper-regime --traces` write it."""
+    return f"{benchmark}-ar.npz" if ar else f"{benchmark}-g{gamma}.npz"
+
+
 def measured_statistics(trace: Trace) -> dict:
     """alpha, a/b and sMAPE of a trace, as the fit reads them: alpha = accepted / (accepted + rejected drafts)
     over verify steps; a/b = distinct experts of a verify step's layer / ((gamma + 1) k), mean over (step,

@@ -13,6 +13,7 @@ from moespac.datasets import BENCHMARKS as KNOWN_BENCHMARKS, get_benchmark
 from moespac.models.micro import ARCHS as MICRO_ARCHS
 from moespac.study_plan import (
     PAPER_REGIME_RECORD,
+    PAPER_REGIME_TRACES,
     RECORDED_ON_REQUEST,
     WRAPPED_SYSTEMS,
     StudyPlan,
@@ -283,11 +284,14 @@ def get_audit_tables(wildcards):
 
 
 def get_routing_stats_traces(wildcards):
-    """{label: trace}: the simulated pair's traces of every benchmark, with the draft and without."""
+    """{label: trace}: the simulated pair's traces of every benchmark, with the draft and without, then the
+    paper-regime study's speculative ones (the routing it replays, fitted to App. A.1) when it runs."""
     out = {}
     for draft in (True, False):
         for b, path in zip(BENCHMARKS, PLAN.study_traces(BENCHMARKS, draft)):
             out[f"{SIM['pair']} {b} {'SD' if draft else 'AR'}"] = path
+    if PAPER_REGIME["activate"]:
+        out.update({f"paper-regime {b} SD": path for b, path in PLAN.paper_regime_traces().items()})
     return out
 
 

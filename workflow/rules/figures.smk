@@ -79,6 +79,9 @@ rule paper_regime:
             category="Figures",
         ),
         pdf="paper_figs/paper_regime.pdf",
+        # the traces its cells replay (the routing-stats page reads the speculative ones)
+        sd=PLAN.paper_regime_traces().values(),
+        ar=PLAN.paper_regime_traces(draft=False).values(),
     log:
         "results/logs/paper_regime/paper_regime.log",
     conda:
@@ -86,8 +89,10 @@ rule paper_regime:
     params:
         options=get_paper_regime_options,
         prefix=output_prefix_of_md,
+        traces=PAPER_REGIME_TRACES,
     shell:
-        "moespac report paper-regime {params.options} --json {output.record} --out {params.prefix} > {log} 2>&1"
+        "moespac report paper-regime {params.options} --json {output.record} --out {params.prefix}"
+        " --traces {params.traces:q} > {log} 2>&1"
 
 
 rule consistency:
