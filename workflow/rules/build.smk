@@ -72,8 +72,9 @@ rule build_llamacpp:
         "results/logs/build_llamacpp/build.log",
     benchmark:
         "results/benchmarks/build_llamacpp/build.tsv"
-    # first: fourteen llama.cpp runs wait for it, and without a priority the scheduler fills both cores
-    # with one-thread jobs and starts this two-thread build last (measured: 44 minutes into a clean run)
+    # early where cores allow: fourteen llama.cpp runs wait for it. A priority only orders jobs that fit, so on
+    # two cores this two-thread build still waits until no one-thread job is left (minute 49 of the idle clean
+    # run in docs/pipeline.md); there every core is busy until then, so the order does not lengthen the run
     priority: 10
     conda:
         "../envs/moespac.yaml"
