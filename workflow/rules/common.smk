@@ -13,7 +13,6 @@ from moespac.datasets import BENCHMARKS as KNOWN_BENCHMARKS, get_benchmark
 from moespac.models.micro import ARCHS as MICRO_ARCHS
 from moespac.study_plan import (
     PAPER_REGIME_RECORD,
-    PAPER_REGIME_TRACES,
     RECORDED_ON_REQUEST,
     WRAPPED_SYSTEMS,
     StudyPlan,
@@ -95,6 +94,11 @@ def output_prefix(wildcards, output):
 
 def output_prefix_of_md(wildcards, output):
     return os.path.splitext(output.md)[0]
+
+
+def output_folder_of_traces(wildcards, output):
+    """The folder the paper-regime job writes its traces to: its first speculative trace's."""
+    return os.path.dirname(output.sd[0])
 
 
 def models_of_input(wildcards, input):

@@ -89,7 +89,7 @@ rule paper_regime:
     params:
         options=get_paper_regime_options,
         prefix=output_prefix_of_md,
-        traces=PAPER_REGIME_TRACES,
+        traces=output_folder_of_traces,
     shell:
         "moespac report paper-regime {params.options} --json {output.record} --out {params.prefix}"
         " --traces {params.traces:q} > {log} 2>&1"
