@@ -119,9 +119,9 @@ def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.nda
     base = rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
     drift = rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
     innov = np.float32(np.sqrt(1.0 - p.persistence ** 2))
-    rows, cross, drafted, steps, emitted = [], [], [], [], 0
+    logits, noise, steps, emitted = [], [], [], 0
     u = rng.random()  # acceptance draws: a golden-ratio sequence from here, so few requests already hold alpha
-    while emitted < shape.new_tokens:
+    while emitted < shape.new_tokens:  # every draw first, in the generator's order
         if emitted == 0:
             kind, n, gam, acc, out = "prefill", shape.prompt_tokens, 0, 0, 1
         else:
@@ -129,25 +129,29 @@ def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.nda
             acc = accepted_drafts(1.0 - u, p.accept, g)
             kind, n, gam, out = "verify", g + 1, g, min(acc + 1, shape.new_tokens - emitted)
             drift = p.persistence * drift + innov * rng.normal(0.0, p.skew, (L, E)).astype(np.float32)
-        step = base + drift  # [L, E]
-        noise = (p.temperature * rng.gumbel(size=(n, L, E))).astype(np.float32)
-        ids = np.empty((n, L, k), np.int64)
-        pred = np.full((n, L, k), -1, np.int64)
-        lead = np.zeros((n, E), np.float32)  # the coupling term from the layer below
-        for layer in range(L):
-            logits = step[layer] + lead
-            ids[:, layer] = _topk(logits + noise[:, layer], k)
-            lead = np.zeros((n, E), np.float32)
-            if layer + 1 < L:
-                np.put_along_axis(lead, perms[layer][ids[:, layer]], p.coupling, axis=1)
-                pred[:, layer] = _topk(step[layer + 1] + lead, k)  # layer l + 1's router on layer l's input
-        rows.append(ids)
-        cross.append(pred)
-        drafted.append(np.full_like(ids, -1) if kind == "prefill" or not self_draft
-                       else self_draft_rows(sd_rng, ids, E, SELF_DRAFT_FIDELITY))
+        logits.append(base + drift)  # [L, E]
+        noise.append((p.temperature * rng.gumbel(size=(n, L, E))).astype(np.float32))
         steps.append((kind, n, gam, acc, out))
         emitted += out
-    return np.concatenate(rows), np.concatenate(cross), np.concatenate(drafted), steps
+    # then every token of every step at once, layer by layer (a token's routing reads only its step's logits,
+    # its own noise and its layer below)
+    of_row = np.repeat(np.arange(len(steps)), [st[1] for st in steps])
+    logits, noise = np.stack(logits), np.concatenate(noise)
+    n = len(of_row)
+    ids = np.empty((n, L, k), np.int64)
+    pred = np.full((n, L, k), -1, np.int64)
+    lead = np.zeros((n, E), np.float32)  # the coupling term from the layer below
+    for layer in range(L):
+        ids[:, layer] = _topk(logits[of_row, layer] + lead + noise[:, layer], k)
+        lead = np.zeros((n, E), np.float32)
+        if layer + 1 < L:
+            np.put_along_axis(lead, perms[layer][ids[:, layer]], p.coupling, axis=1)
+            pred[:, layer] = _topk(logits[of_row, layer + 1] + lead, k)  # layer l + 1's router on layer l's input
+    starts = np.cumsum([0] + [st[1] for st in steps])
+    drafted = [np.full_like(ids[a:b], -1) if kind == "prefill" or not self_draft
+               else self_draft_rows(sd_rng, ids[a:b], E, SELF_DRAFT_FIDELITY)
+               for (kind, *_), a, b in zip(steps, starts[:-1], starts[1:])]
+    return ids, pred, np.concatenate(drafted), steps
 
 
 def _batched(seqs: list[tuple]) -> tuple:
