@@ -42,9 +42,8 @@ def device_sets(gain: np.ndarray) -> np.ndarray:
     if n <= EXACT_EXPERTS:
         return subsets_by_size(n)
     order = np.argsort(-gain, kind="stable")
-    sets = np.zeros((n + 1, n), dtype=bool)
-    for k in range(1, n + 1):
-        sets[k:, order[k - 1]] = True
+    sets = np.empty((n + 1, n), dtype=bool)
+    sets[:, order] = np.arange(n + 1)[:, None] > np.arange(n)[None, :]  # set k: the first k of the order
     return sets
 
 

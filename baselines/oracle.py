@@ -320,16 +320,18 @@ class Oracle(Policy):
         h_fixed = float(self.host_cost[counts[host]].sum())
         layer_s = (layer_times(sets, d, h, x, self.serial, h_fixed, self.device_call) + sets @ charge
                    + (loads > 0) * inflight)
-        # a load needs a slot: a free one, or a resident expert this layer does not use
-        evictable = cache.resident.copy()
-        evictable[layer, active] = False
+        # a load needs a slot: a free one, or a resident expert this layer does not use (counted, not masked:
+        # this runs on every layer visit)
         per_layer = cache.per_layer_capacity
-        only_this_layer = per_layer is not None and cache.resident[layer].sum() >= per_layer
-        slots = cache.free_slots(layer) + int(evictable[layer].sum() if only_this_layer else evictable.sum())
+        row = cache.resident[layer]
+        only_this_layer = per_layer is not None and row.sum() >= per_layer
+        used_here = int(np.count_nonzero(row[active]))
+        pool = int(np.count_nonzero(row if only_this_layer else cache.resident))
+        slots = cache.free_slots(layer) + pool - used_here
         layer_s = np.where(loads <= slots, layer_s, np.inf)
         best = sets[int(np.argmin(layer_s))]  # first minimum: fewest experts on the device
         on_device = active[best]
-        return LayerPlan(load=on_device[~cache.resident[layer, on_device]], host=np.r_[active[~best], host])
+        return LayerPlan(load=on_device[~cache.resident[layer, on_device]], host=np.concatenate([active[~best], host]))
 
     def end_layer(self, layer, counts, cache):
         return self._window(cache)
