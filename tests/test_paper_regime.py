@@ -101,6 +101,48 @@ def test_the_ar_trace_replays_the_kept_tokens():
     assert ar.steps["step_emitted"].sum() == sd.steps["step_emitted"].sum() == 2 * 40
 
 
+def _same_trace(a, b) -> bool:
+    arrays = ("topk_ids", "topk_weights", "cross_topk", "self_draft_topk")
+    return a.meta == b.meta and all(np.array_equal(a.steps[c], b.steps[c]) for c in a.steps) and all(
+        (getattr(a, f) is None and getattr(b, f) is None) or np.array_equal(getattr(a, f), getattr(b, f))
+        for f in arrays)
+
+
+def _prefill(trace, request: int) -> np.ndarray:
+    """The routed rows of a request's prefill step."""
+    starts = np.r_[0, np.cumsum(trace.steps["step_tokens"])]
+    s = int(np.flatnonzero((trace.steps["step_request"] == request)
+                           & (trace.steps["step_kind"] == KINDS.index("prefill")))[0])
+    return trace.topk_ids[starts[s]:starts[s + 1]]
+
+
+def test_shared_draws_give_the_traces_drawn_alone():
+    """One Sequences serves the SD trace and its AR twin, and Table 4's traces of every batch size: each equals the
+    trace drawn on its own (request r of batch b holds sequences r*b .. r*b+b-1 of one stream, whichever batch size
+    asks first). Draws of other arguments are refused."""
+    params = pr.RoutingParams(accept=0.6, temperature=1.0)
+    shape = pr.Shape(requests=2, new_tokens=30, prompt_tokens=8, gamma=4)
+    drawn = pr.Sequences(SMALL, params, shape, seed=9)
+    for ar in (True, False):  # the AR trace first: the SD one reads the sequences it drew
+        assert _same_trace(pr.paper_regime_trace(SMALL, params, shape, seed=9, ar=ar, sequences=drawn),
+                           pr.paper_regime_trace(SMALL, params, shape, seed=9, ar=ar))
+    drawn = pr.Sequences(SMALL, params, shape, seed=9, self_draft=False)
+    for b in (3, 1, 2):  # the largest first: the others read a prefix of its sequences
+        batched = dataclasses.replace(shape, batch=b)
+        shared = pr.paper_regime_trace(SMALL, params, batched, seed=9, self_draft=False, sequences=drawn)
+        assert _same_trace(shared, pr.paper_regime_trace(SMALL, params, batched, seed=9, self_draft=False))
+        assert shared.meta["batch_size"] == b
+    # request 1 of batch 3 starts with the prefills of sequences 3, 4 and 5: requests 3, 4 and 5 drawn one by one
+    alone = pr.paper_regime_trace(SMALL, params, dataclasses.replace(shape, requests=6), seed=9, self_draft=False)
+    assert np.array_equal(_prefill(shared if b == 3 else pr.paper_regime_trace(
+        SMALL, params, dataclasses.replace(shape, batch=3), seed=9, self_draft=False), 1),
+        np.concatenate([_prefill(alone, r) for r in (3, 4, 5)]))
+    for other in (dict(seed=10), dict(self_draft=True), dict(shape=dataclasses.replace(shape, gamma=2))):
+        args = dict(dict(shape=shape, seed=9, self_draft=False), **other)
+        with pytest.raises(MoespacError, match="drawn for other arguments"):
+            pr.paper_regime_trace(SMALL, params, args.pop("shape"), sequences=drawn, **args)
+
+
 @pytest.mark.parametrize("accept", [0.3, 0.56, 0.85])
 def test_acceptance_draws_hold_alpha_in_few_steps(accept):
     """The drafts accepted per verify step follow P(at least i) = alpha^i (alpha = accepted / (accepted +

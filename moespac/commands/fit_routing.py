@@ -48,7 +48,8 @@ def run(args) -> int:
     rows = {}
     print(f"{'benchmark':10s} {'alpha':>13s} {'a/b':>13s} {'sMAPE':>6s}  parameters (target / measured)")
     for bench in names:
-        trace = pr.paper_regime_trace(spec, params[bench], shape, seed=args.seed, benchmark=bench)
+        drawn = pr.Sequences(spec, params[bench], shape, seed=args.seed)  # the SD trace's draws, and its AR twin's
+        trace = pr.paper_regime_trace(spec, params[bench], shape, seed=args.seed, benchmark=bench, sequences=drawn)
         got = pr.measured_statistics(trace)
         want = targets.get(bench, {})
         row = dict(params=dataclasses.asdict(params[bench]), target=dict(want, smape=smape_target), measured=got,
@@ -62,8 +63,8 @@ def run(args) -> int:
         if args.traces:
             out = Path(args.traces)
             trace.save(out / pr.trace_name(bench, args.gamma))
-            pr.paper_regime_trace(spec, params[bench], shape, seed=args.seed, benchmark=bench,
-                                  ar=True).save(out / pr.trace_name(bench, args.gamma, ar=True))
+            pr.paper_regime_trace(spec, params[bench], shape, seed=args.seed, benchmark=bench, ar=True,
+                                  sequences=drawn).save(out / pr.trace_name(bench, args.gamma, ar=True))
         fmt = lambda k: f"{want[k]:.2f} / {got[k]:.3f}" if k in want else f"  -  / {got[k]:.3f}"
         print(f"{bench:10s} {fmt('alpha'):>13s} {fmt('a_over_b'):>13s} {got['smape']:6.3f}  temperature "
               f"{params[bench].temperature:.3f}, persistence {params[bench].persistence:.4f}"

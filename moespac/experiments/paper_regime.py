@@ -121,8 +121,9 @@ def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | Non
     traces, seeds = {}, {}
     for i, bench in enumerate(benches):
         seeds[bench] = cfg.seed + 1000 * (list(pr.BENCHMARK_ORDER).index(bench) if bench in pr.BENCHMARK_ORDER else i)
+        drawn = pr.Sequences(spec, params[bench], shape, seed=seeds[bench])  # one draw for the SD and AR traces
         traces[bench] = tuple(pr.paper_regime_trace(spec, params[bench], shape, seed=seeds[bench], benchmark=bench,
-                                                    ar=ar) for ar in (False, True))
+                                                    ar=ar, sequences=drawn) for ar in (False, True))
     with tempfile.TemporaryDirectory() as tmp:
         inferred, hosts = None, {"sourced": cfg.hardware}
         if cfg.infer_host:
@@ -201,22 +202,26 @@ def batch_grid(cfg: PaperRegimeStudy, spec, params, seed: int, hardware: str, pr
     draft length; tokens/s of all sequences together (aggregate) and per sequence (aggregate / batch size, as each
     sequence runs for its whole call), with the per-call samples of the aggregate."""
     m = get_method("moespac")
-    grid = [(b, g) for b in cfg.table4_batch_sizes for g in cfg.table4_gammas]
-    out = []
+    # draft length by draft length, so that every batch size shares one draw of the sequences (pr.Sequences); the
+    # cells are listed batch size by batch size
+    grid = [(b, g) for g in cfg.table4_gammas for b in cfg.table4_batch_sizes]
+    cells, drawn = {}, None
     for b, g in progress(grid, len(grid), "table 4 cells") if progress else grid:
         shape = pr.Shape(requests=cfg.requests, new_tokens=cfg.new_tokens, gamma=g, batch=b)
+        if drawn is None or not drawn.fits(spec, params, shape, seed, self_draft=False):
+            drawn = pr.Sequences(spec, params, shape, seed=seed, self_draft=False)  # MoE-SpAc does not read it
         trace = pr.paper_regime_trace(spec, params, shape, seed=seed, benchmark=cfg.table4_benchmark,
-                                      self_draft=False)  # MoE-SpAc does not read it
+                                      self_draft=False, sequences=drawn)
         sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
                         draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
         rec = simulate(sim, trace=trace)
         agg = rec["metrics"]["tokens_per_s"]
-        out.append(dict(batch_size=b, gamma=g, trace=trace.trace_id(), tokens_per_s=agg / b, aggregate_tokens_per_s=agg,
+        cells[b, g] = (dict(batch_size=b, gamma=g, trace=trace.trace_id(), tokens_per_s=agg / b, aggregate_tokens_per_s=agg,
                         latency_s=rec["metrics"]["latency_s"], hit_rate=rec["metrics"]["hit_rate"],
                         per_request={"aggregate_tokens_per_s": [r["tokens_per_s"] for r in rec["requests"]],
                                      "latency_s": [r["latency_s"] for r in rec["requests"]]},
                         measured=pr.measured_statistics(trace) if b == 1 else None))
-    return out
+    return [cells[b, g] for b in cfg.table4_batch_sizes for g in cfg.table4_gammas]
 
 
 CONTENDER_RULE = ("replayed at each point (MoE-SpAc, llama.cpp-w/ SD, llama.cpp (the row the host is fitted to: how "

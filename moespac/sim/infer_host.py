@@ -151,8 +151,9 @@ def ab_from_sd_gain(spec, params: dict, profile_path: str, cache_ratio: float, d
 
         def gain(temperature: float) -> tuple[float, float]:
             q = dataclasses.replace(p, temperature=temperature)
-            spec_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench)
-            ar_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench, ar=True)
+            drawn = pr.Sequences(spec, q, shape, seed=seed)  # one draw for both traces
+            spec_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench, sequences=drawn)
+            ar_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench, ar=True, sequences=drawn)
             g = (llamacpp_tps(profile_path, spec_trace, cache_ratio, draft_spec, "llamacpp-sd")
                  / llamacpp_tps(profile_path, ar_trace, cache_ratio, draft_spec))
             return g, pr.measured_statistics(spec_trace)["a_over_b"]

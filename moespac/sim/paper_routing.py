@@ -170,27 +170,57 @@ def _batched(seqs: list[tuple]) -> tuple:
     return np.concatenate(rows), np.concatenate(cross), np.concatenate(drafted), steps
 
 
+class Sequences:
+    """The seeded draws a trace is built from: the model's wiring, then one sequence (one prompt's request) after
+    another, generated when first asked for and kept. Traces built from one Sequences draw them once: the SD trace
+    and its AR twin, and Table 4's traces of every batch size (request r of batch b holds sequences r*b .. r*b+b-1).
+    Sequence i is the same whoever asks first, so each such trace equals the one drawn on its own."""
+
+    def __init__(self, spec: ModelSpec, params: RoutingParams, shape: Shape, seed: int = 0, self_draft: bool = True):
+        if not spec.is_moe:
+            raise MoespacError(f"model spec {spec.name!r} is dense: no experts to route")
+        self.spec, self.params, self.shape, self.seed, self.self_draft = spec, params, shape, seed, self_draft
+        self.rng = np.random.default_rng(seed)
+        # the model's wiring: shared by its requests
+        self.perms = np.stack([self.rng.permutation(spec.num_experts) for _ in range(spec.num_moe_layers)])
+        self.sd_rng = np.random.default_rng([seed, 1])  # its own stream: the routing draws stay as they were
+        self._done: list[tuple] = []
+
+    def fits(self, spec: ModelSpec, params: RoutingParams, shape: Shape, seed: int, self_draft: bool) -> bool:
+        """Whether these are the draws of a trace of these arguments (any batch size and request count)."""
+        per_sequence = lambda sh: (sh.new_tokens, sh.prompt_tokens, sh.gamma)
+        return (spec == self.spec and params == self.params and per_sequence(shape) == per_sequence(self.shape)
+                and seed == self.seed and self_draft == self.self_draft)
+
+    def __getitem__(self, i: int) -> tuple:
+        while len(self._done) <= i:  # int16 ids, as the trace stores them (-1 .. num_experts - 1)
+            rows, cross, drafted, steps = _request(self.rng, self.spec, self.params, self.shape, self.perms,
+                                                   self.sd_rng, self.self_draft)
+            self._done.append((rows.astype(np.int16), cross.astype(np.int16), drafted.astype(np.int16), steps))
+        return self._done[i]
+
+
 def paper_regime_trace(spec: ModelSpec, params: RoutingParams, shape: Shape = Shape(), seed: int = 0,
-                       benchmark: str = "synthetic", ar: bool = False, self_draft: bool = True) -> Trace:
+                       benchmark: str = "synthetic", ar: bool = False, self_draft: bool = True,
+                       sequences: Sequences | None = None) -> Trace:
     """A speculative trace at `spec`'s own depth (ar=True: the AR trace of the same kept tokens; self_draft=False:
-    without the self-draft signal, which only MoE-SpeQ and SP-MoE read and which costs most of the generation)."""
-    if not spec.is_moe:
-        raise MoespacError(f"model spec {spec.name!r} is dense: no experts to route")
+    without the self-draft signal, which only MoE-SpeQ and SP-MoE read and which costs most of the generation).
+    sequences: draws shared with other traces of the same arguments (Sequences), else its own."""
+    if sequences is None:
+        sequences = Sequences(spec, params, shape, seed, self_draft)
+    elif not sequences.fits(spec, params, shape, seed, self_draft):
+        raise MoespacError("paper-regime trace: the shared sequences were drawn for other arguments")
     L, E, k = spec.num_moe_layers, spec.num_experts, spec.top_k
-    rng = np.random.default_rng(seed)
-    perms = np.stack([rng.permutation(E) for _ in range(L)])  # the model's wiring: shared by its requests
     cols = {c: [] for c in ("step_kind", "step_request", "step_tokens", "step_gamma", "step_accepted",
                             "step_emitted")}
     ids_out, cross_out, sd_out = [], [], []
-    sd_rng = np.random.default_rng([seed, 1])  # its own stream: the routing draws stay as they were
     if shape.batch > 1 and ar:
         raise MoespacError("paper-regime traces: an autoregressive trace is batch 1 (Table 4 replays SD only)")
     for r in range(shape.requests):
         if shape.batch > 1:
-            rows, cross, drafted, steps = _batched([_request(rng, spec, params, shape, perms, sd_rng, self_draft)
-                                                    for _ in range(shape.batch)])
+            rows, cross, drafted, steps = _batched([sequences[r * shape.batch + j] for j in range(shape.batch)])
         else:
-            rows, cross, drafted, steps = _request(rng, spec, params, shape, perms, sd_rng, self_draft)
+            rows, cross, drafted, steps = sequences[r]
         start = 0
         for kind, n, gam, acc, out in steps:
             keep = range(start, start + (n if (kind == "prefill" or not ar) else out))
