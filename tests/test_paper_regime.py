@@ -183,6 +183,27 @@ def test_the_self_draft_signal_keeps_its_fidelity_and_leaves_the_routing_as_it_w
     assert not np.array_equal(other.self_draft_topk, rows)
 
 
+@pytest.mark.parametrize("rows", ["distinct", "repeated"])
+def test_self_draft_rows_follow_their_definition(rows):
+    """Each drafted entry is kept with probability fidelity, else replaced by the i-th expert outside its row, i drawn
+    uniformly with integers(experts outside), one entry after another; the bonus row is -1. The vectorised rows equal
+    that loop's, draw for draw (and a row with a repeated expert, which the generator never makes, takes the loop)."""
+    rng = np.random.default_rng(4)
+    E, k = 16, 3
+    ids = np.stack([[rng.choice(E, k, replace=False) for _ in range(5)] for _ in range(7)])  # [n, L, k]
+    if rows == "repeated":
+        ids[2, 1] = [4, 4, 9]
+    want = ids.copy()
+    want[-1] = -1
+    ref = np.random.default_rng(8)
+    for t, layer, j in zip(*np.nonzero(ref.random((6, 5, k)) >= 0.7)):
+        rest = [e for e in range(E) if e not in set(ids[t, layer].tolist())]
+        want[t, layer, j] = rest[int(ref.integers(len(rest)))]
+    got = pr.self_draft_rows(np.random.default_rng(8), ids, E, 0.7)
+    assert np.array_equal(got, want)
+    assert not np.array_equal(got[:-1], ids[:-1])
+
+
 def test_gains_name_the_best_other_and_the_best_lossless_other():
     from moespac.experiments.paper_regime import gains
 

@@ -90,11 +90,20 @@ def self_draft_rows(rng, ids: np.ndarray, num_experts: int, fidelity: float) -> 
     out[-1] = -1
     n, L, k = ids.shape
     swap = rng.random((n - 1, L, k)) >= fidelity
-    for t, layer, j in zip(*np.nonzero(swap)):
-        taken = set(ids[t, layer].tolist())
-        choices = [e for e in range(num_experts) if e not in taken] if len(taken) < num_experts else []
-        if choices:
-            out[t, layer, j] = choices[int(rng.integers(len(choices)))]
+    t, layer, j = np.nonzero(swap)
+    taken = np.sort(ids[t, layer], axis=1)  # each swapped entry's row, ascending
+    if k >= num_experts or (taken[:, 1:] == taken[:, :-1]).any():  # a row with no other expert, or a repeated one
+        for t, layer, j in zip(t, layer, j):
+            rest = np.setdiff1d(np.arange(num_experts), ids[t, layer])
+            if len(rest):
+                out[t, layer, j] = rest[int(rng.integers(len(rest)))]
+        return out
+    # the pick-th expert outside the row, for every swapped entry at once (one draw each, in the same order: the
+    # generator's integers(m) one at a time and size=count give the same numbers)
+    pick = rng.integers(num_experts - k, size=len(t))
+    for i in range(k):  # step over the row's experts at or below the pick, in ascending order
+        pick = pick + (taken[:, i] <= pick)
+    out[t, layer, j] = pick
     return out
 
 
@@ -324,8 +333,8 @@ def fit_routing(spec: ModelSpec, targets: dict[str, dict[str, float]], smape_tar
     nearest end is kept and the note says so (the residual is printed beside the fit)."""
     shape = dataclasses.replace(FIT_SHAPE, gamma=gamma)
 
-    def stat(params: RoutingParams, key: str) -> float:
-        return measured_statistics(paper_regime_trace(spec, params, shape, seed=seed))[key]
+    def stat(params: RoutingParams, key: str) -> float:  # the self-draft signal is no routing statistic: not drawn
+        return measured_statistics(paper_regime_trace(spec, params, shape, seed=seed, self_draft=False))[key]
 
     lowest, highest = 1.0 / (gamma + 1), 1.0
     for bench, t in sorted(targets.items()):
