@@ -151,9 +151,12 @@ def ab_from_sd_gain(spec, params: dict, profile_path: str, cache_ratio: float, d
 
         def gain(temperature: float) -> tuple[float, float]:
             q = dataclasses.replace(p, temperature=temperature)
-            drawn = pr.Sequences(spec, q, shape, seed=seed)  # one draw for both traces
-            spec_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench, sequences=drawn)
-            ar_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench, ar=True, sequences=drawn)
+            # one draw for both traces, without the self-draft signal: llama.cpp does not read it
+            drawn = pr.Sequences(spec, q, shape, seed=seed, self_draft=False)
+            spec_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench, self_draft=False,
+                                               sequences=drawn)
+            ar_trace = pr.paper_regime_trace(spec, q, shape, seed=seed, benchmark=bench, ar=True, self_draft=False,
+                                             sequences=drawn)
             g = (llamacpp_tps(profile_path, spec_trace, cache_ratio, draft_spec, "llamacpp-sd")
                  / llamacpp_tps(profile_path, ar_trace, cache_ratio, draft_spec))
             return g, pr.measured_statistics(spec_trace)["a_over_b"]
