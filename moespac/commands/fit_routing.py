@@ -56,8 +56,8 @@ def run(args) -> int:
                    residual={k: got[k] - v for k, v in dict(want, smape=smape_target).items()},
                    filled=bench not in fitted)
         if args.seeds:
-            per_seed = [pr.measured_statistics(pr.paper_regime_trace(spec, params[bench], shape, seed=s))
-                        for s in args.seeds]
+            per_seed = [pr.measured_statistics(pr.paper_regime_trace(spec, params[bench], shape, seed=s,
+                                                                     self_draft=False)) for s in args.seeds]
             row["seed_spread"] = {k: [min(m[k] for m in per_seed), max(m[k] for m in per_seed)] for k in got}
         rows[bench] = row
         if args.traces:
