@@ -216,11 +216,12 @@ def batch_grid(cfg: PaperRegimeStudy, spec, params, seed: int, hardware: str, pr
                         draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
         rec = simulate(sim, trace=trace)
         agg = rec["metrics"]["tokens_per_s"]
-        cells[b, g] = (dict(batch_size=b, gamma=g, trace=trace.trace_id(), tokens_per_s=agg / b, aggregate_tokens_per_s=agg,
-                        latency_s=rec["metrics"]["latency_s"], hit_rate=rec["metrics"]["hit_rate"],
-                        per_request={"aggregate_tokens_per_s": [r["tokens_per_s"] for r in rec["requests"]],
-                                     "latency_s": [r["latency_s"] for r in rec["requests"]]},
-                        measured=pr.measured_statistics(trace) if b == 1 else None))
+        cells[b, g] = dict(batch_size=b, gamma=g, trace=trace.trace_id(), tokens_per_s=agg / b,
+                           aggregate_tokens_per_s=agg, latency_s=rec["metrics"]["latency_s"],
+                           hit_rate=rec["metrics"]["hit_rate"],
+                           per_request={"aggregate_tokens_per_s": [r["tokens_per_s"] for r in rec["requests"]],
+                                        "latency_s": [r["latency_s"] for r in rec["requests"]]},
+                           measured=pr.measured_statistics(trace) if b == 1 else None)
     return [cells[b, g] for b in cfg.table4_batch_sizes for g in cfg.table4_gammas]
 
 
