@@ -272,6 +272,7 @@ def test_build_skips_when_stamp_matches_and_rebuilds_otherwise(tmp_path, monkeyp
             and b.tool("llama-tokenize") == str(out / "build/bin/llama-tokenize"))
     assert not b.cuda and "-DGGML_CUDA=ON" not in b.flags and b.version == "checkout"
     assert b.cpu_only_reason == "CUDA build turned off (--cuda off)"
+    assert b.patches == () and (src / "CMakeLists.txt").read_text() == "project(x)\n"  # a user's tree: unchanged
     # another target set: configure + build run, and the stamp is rewritten
     monkeypatch.setattr(llamacpp_build, "tool_version", lambda binary: "version: 2 (def)")
 
@@ -285,6 +286,49 @@ def test_build_skips_when_stamp_matches_and_rebuilds_otherwise(tmp_path, monkeyp
     assert [str(c[1]) for c in calls] == ["-S", "--build"]
     assert b.llama_commit == "version: 2 (def)"
     assert json.loads((out / llamacpp_build.STAMP).read_text())["targets"] == ["llama-bench", "llama-tokenize"]
+
+
+def _fake_tools(llama: Path, body: str) -> None:
+    for rel in llamacpp_build.FLUSHED_TOOLS:
+        (llama / rel).parent.mkdir(parents=True, exist_ok=True)
+        (llama / rel).write_text(body)
+
+
+def test_flush_log_at_exit_flushes_before_mains_final_return(tmp_path):
+    body = ('int helper() {\n    return 0;\n}\n\nint main() {\n    if (x) {\n        return 1;\n    }\n'
+            '    LOG_INF("decoded %d tokens");\n    LOG("\\n\\n");\n\n    return 0;\n}\n')
+    _fake_tools(tmp_path, body)
+    name = llamacpp_build.flush_log_at_exit(tmp_path)
+    want = body.replace('\n\n    return 0;\n}\n', '\n\n' + llamacpp_build.FLUSH_LINE + '    return 0;\n}\n')
+    for rel in llamacpp_build.FLUSHED_TOOLS:
+        assert (tmp_path / rel).read_text() == want  # only main's last return, after its last LOG
+    assert llamacpp_build.flush_log_at_exit(tmp_path) == name and name.startswith("flush-log-at-exit:")
+    assert all((tmp_path / rel).read_text() == want for rel in llamacpp_build.FLUSHED_TOOLS)  # applied once
+    (tmp_path / llamacpp_build.FLUSHED_TOOLS[1]).write_text("int main() { return 0; }\n")
+    with pytest.raises(MoespacError, match=r"speculative\.cpp: no final 'return 0;'"):
+        llamacpp_build.flush_log_at_exit(tmp_path)
+
+
+def test_sdist_build_is_patched_and_an_unpatched_build_is_redone(tmp_path, monkeypatch):
+    llama = tmp_path / "src" / "vendor" / "llama.cpp"
+    _fake_tools(llama, "int main() {\n    return 0;\n}\n")
+    monkeypatch.delenv(llamacpp_build.SRC_ENV, raising=False)
+    monkeypatch.setattr(llamacpp_build, "fetch_sdist", lambda root, version: tmp_path / "x.tar.gz")
+    monkeypatch.setattr(llamacpp_build, "unpack_sdist", lambda tarball, root: (llama, "sdist-sha256:aa"))
+    targets = ("llama-tokenize",)
+    out = tmp_path / "out"
+    _finished_build(out, llamacpp_build.wanted_stamp("sdist-sha256:aa", "llama-cpp-python==0.3.36", False, targets))
+    calls = []
+    monkeypatch.setattr(llamacpp_build, "run_logged", lambda cmd, *a, **k: calls.append(cmd))
+    monkeypatch.setattr(llamacpp_build, "tool_version", lambda binary: "version: 2 (def)")
+    b = llamacpp_build.build(out=out, cuda="off", targets=targets, root=tmp_path)
+    assert [str(c[1]) for c in calls] == ["-S", "--build"]  # the stamp of an unpatched build does not match
+    assert len(b.patches) == 1 and b.patches[0].startswith("flush-log-at-exit:")
+    assert json.loads((out / llamacpp_build.STAMP).read_text())["patches"] == list(b.patches)
+    assert llamacpp_build.FLUSH_LINE in (llama / llamacpp_build.FLUSHED_TOOLS[0]).read_text()
+    calls.clear()
+    assert llamacpp_build.build(out=out, cuda="off", targets=targets, root=tmp_path).patches == b.patches
+    assert calls == []  # the patched build is reused
 
 
 def test_build_env_var_names_the_checkout(tmp_path, monkeypatch):

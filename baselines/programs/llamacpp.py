@@ -144,8 +144,9 @@ def run(build_: Build, target_gguf, prompt_text: str, cfg: RunConfig, draft_gguf
 def execute(cmd: list[str], speculative: bool, attempts: int = 3) -> dict:
     """Run a llama.cpp command; its parsed summary, wall time, attempts and the command (MoespacError on failure).
 
-    llama.cpp logs through a background thread that is not flushed at exit, so now and then a run that
-    succeeded loses its summary lines; such a run is repeated (up to `attempts` times in all).
+    llama.cpp logs through a background thread that it does not flush at exit; our sdist build flushes it
+    (llamacpp_build.flush_log_at_exit), but a user's checkout may still lose a successful run's summary lines
+    now and then: such a run is repeated (up to `attempts` times in all).
     """
     for attempt in range(1, attempts + 1):
         t0 = time.perf_counter()

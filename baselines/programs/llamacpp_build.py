@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from baselines.programs._common import RESOURCES, cuda_missing_reason, nvcc_missing_reason, run_logged
-from moespac.atomic import write_json
+from moespac.atomic import write_json, write_text
 from moespac.errors import MoespacError
 from moespac.fetch import pip_download
 
@@ -29,6 +29,10 @@ SRC_ENV = "MOESPAC_LLAMACPP_SRC"
 TARGETS = ("llama-completion", "llama-speculative", "llama-speculative-simple", "llama-tokenize", "llama-bench")
 """Plain decoding, the two speculative decoders, the tokeniser (for the token-id check), the benchmark tool."""
 STAMP = "build-stamp.json"
+FLUSHED_TOOLS = ("examples/speculative-simple/speculative-simple.cpp", "examples/speculative/speculative.cpp",
+                 "tools/completion/completion.cpp")
+"""Sources of the tools whose summary lines the wrapped runs parse (patched by flush_log_at_exit)."""
+FLUSH_LINE = "    common_log_flush(common_log_main()); // moespac: print the queued log (llama.cpp #22142)\n"
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class Build:
     targets: tuple[str, ...]
     host: str
     """CPU the build was tuned for (host_id)."""
+    patches: tuple[str, ...] = ()
+    """Changes made to the source before building (flush_log_at_exit on the sdist; none on a user's checkout)."""
 
     def tool(self, name: str) -> str:
         return str(Path(self.bin_dir) / name)
@@ -120,6 +126,26 @@ def unpack_sdist(tarball: Path, root: Path = ROOT) -> tuple[Path, str]:
     return llama, f"sdist-sha256:{digest}"
 
 
+def flush_log_at_exit(llama: Path) -> str:
+    """Make each parsed tool flush llama.cpp's log queue before `main` returns; returns the patch's name.
+
+    llama.cpp prints its log from a background thread and deliberately never joins it at exit (llama.cpp
+    issues 22142, PRs 22273 and 25504), so on a busy machine a run that succeeded often exits before its
+    summary lines (tokens/s, acceptance) are printed. Upstream flushes case by case with the same call;
+    the tools compute nothing differently. Idempotent: a source that has the line is left alone.
+    """
+    for rel in FLUSHED_TOOLS:
+        path = llama / rel
+        text = path.read_text(encoding="utf-8")
+        if FLUSH_LINE in text:
+            continue
+        end = text.rfind("\n    return 0;\n}")
+        if end < 0:
+            raise MoespacError(f"{path}: no final 'return 0;' in main to flush llama.cpp's log before")
+        write_text(path, text[:end + 1] + FLUSH_LINE + text[end + 1:])
+    return f"flush-log-at-exit:{hashlib.sha256(FLUSH_LINE.encode()).hexdigest()[:12]}"
+
+
 def checkout_source(src: Path) -> tuple[Path, str]:
     """A user-given llama.cpp checkout and its identity (git commit when it is a repository)."""
     src = Path(src).resolve()
@@ -133,9 +159,9 @@ def checkout_source(src: Path) -> tuple[Path, str]:
     return src, f"checkout:{commit or src}"
 
 
-def wanted_stamp(source: str, version: str, cuda: bool, targets) -> dict:
+def wanted_stamp(source: str, version: str, cuda: bool, targets, patches=()) -> dict:
     return dict(source=source, version=version, cuda=cuda, flags=cmake_flags(cuda), targets=sorted(targets),
-                host=host_id())
+                host=host_id(), patches=list(patches))
 
 
 def up_to_date(out: Path, wanted: dict) -> bool:
@@ -165,12 +191,14 @@ def build(src_dir: str | os.PathLike | None = None, out: str | os.PathLike | Non
     src_dir = src_dir or os.environ.get(SRC_ENV)
     if src_dir:
         llama, source = checkout_source(Path(src_dir))
+        patches = ()  # a user's tree is built as it is; execute() retries a run whose summary got lost
         label, default_out = "checkout", root / f"checkout-{hashlib.sha256(source.encode()).hexdigest()[:10]}-{kind}"
     else:
         llama, source = unpack_sdist(fetch_sdist(root, version), root)
+        patches = (flush_log_at_exit(llama),)
         label, default_out = f"llama-cpp-python=={version}", root / f"{version}-{kind}"
     out = Path(out) if out else default_out
-    wanted = wanted_stamp(source, label, cuda, targets)
+    wanted = wanted_stamp(source, label, cuda, targets, patches)
     if not up_to_date(out, wanted):
         log = out / "build.log"
         log.unlink(missing_ok=True)
@@ -187,7 +215,7 @@ def build(src_dir: str | os.PathLike | None = None, out: str | os.PathLike | Non
     return Build(bin_dir=str(out / "build" / "bin"), source_dir=str(llama), source=source, version=label,
                  llama_commit=stamp.get("llama_commit"), cuda=cuda, cpu_only_reason=cpu_only_reason,
                  flags=tuple(wanted["flags"]),
-                 targets=tuple(wanted["targets"]), host=wanted["host"])
+                 targets=tuple(wanted["targets"]), host=wanted["host"], patches=tuple(patches))
 
 
 def build_info(b: Build) -> dict:
