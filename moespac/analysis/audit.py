@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from moespac.analysis import paper
-from moespac.analysis.rows import REGIME_ROUTING
+from moespac.analysis.rows import REGIME_ROUTING, busy_note
 from moespac.atomic import write_text
 from moespac.catalogue import get_method
 
@@ -450,6 +450,7 @@ def render(table1=None, table2=None, table3=None, table4=None, appendix_a1=None,
         out += [f"- {line}" for line in our_comparison(table1_csv)]
         out += ["", "The wrapped block (external systems as their authors ship them):", ""]
         out += [f"- {line}" for line in wrapped_comparison(table1_csv)]
+        out += [f"- {line}" for line in busy_note(pd.read_csv(table1_csv))]
     else:
         out.append("- Table 1 was not given, so there is nothing of ours to compare yet.")
     if table2_csv and Path(table2_csv).is_file():

@@ -23,7 +23,7 @@ COLUMNS = ["path", "kind", "timing", "method", "label", "benchmark", "policy", "
            "acceptance_rate", "alpha", "omega", "hit_rate", "host_share", "a_over_b", "a_over_b_per_token",
            "hot_cold_accuracy", "requests",
            "skipped", "skip_reason", "draft_charged", "note", "mapping", "tps_lo", "tps_hi", "latency_lo", "latency_hi",
-           "config_hash", "stand_in", "variants", "lossy"]
+           "config_hash", "stand_in", "variants", "lossy", "busy_share"]
 # a measured row of a baseline is our engine running that system's policy, not the system itself (that is a W row)
 ENGINE_NOTE = "this engine running its policy"
 
@@ -157,7 +157,16 @@ def bench_row(rec: dict) -> dict:
         a_over_b_per_token=_num(cost.get("per_token")), hot_cold_accuracy=_num(m.get("hot_cold_accuracy")),
         requests=m.get("requests"), skipped=False, skip_reason=None, draft_charged=draft_charged,
         note=_bench_note(rec), mapping=(rec.get("simulation") or {}).get("topology_mapping"),
-        stand_in=stand_in_of(c["policy"]), variants=variants_of(c["policy"]), lossy=lossy_of(c["policy"]))
+        stand_in=stand_in_of(c["policy"]), variants=variants_of(c["policy"]), lossy=lossy_of(c["policy"]),
+        busy_share=busy_share(rec))
+
+
+def busy_share(rec: dict) -> float | None:
+    """Other processes' share of the CPUs while a timed record's command ran (record.machine_load); None for a
+    simulated record or one that does not say."""
+    if rec.get("timing") == "simulated":
+        return None
+    return _num((rec.get("machine_load") or {}).get("other_cpu_share"))
 
 
 def _bench_note(rec: dict) -> str | None:
@@ -193,7 +202,8 @@ def wrapped_row(rec: dict) -> dict:
         acceptance_rate=_num(m.get("acceptance_rate")), alpha=None, omega=None, hit_rate=None, host_share=None,
         a_over_b=None, a_over_b_per_token=None, hot_cold_accuracy=None, requests=m.get("requests"),
         skipped=bool(rec.get("skipped")), skip_reason=rec.get("skip_reason"), draft_charged=None,
-        note="nothing offloaded: no GPU" if (rec.get("placement") or {}).get("offloaded") is False else None)
+        note="nothing offloaded: no GPU" if (rec.get("placement") or {}).get("offloaded") is False else None,
+        busy_share=busy_share(rec))
 
 
 def _offline_proxy(benchmark) -> bool:
@@ -361,3 +371,20 @@ def load_rows(paths) -> pd.DataFrame:
             if bound:
                 rows.append(bound)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def busy_note(part: pd.DataFrame) -> list[str]:
+    """The timed rows taken while other processes used more than BUSY_SHARE of the machine's CPUs: their tokens/s
+    understate the machine (beside two busy loops on 2 cores llama.cpp decoded 16x slower, our engine 6x)."""
+    from moespac.environment import BUSY_SHARE
+
+    if "busy_share" not in part:
+        return []
+    busy = part[pd.to_numeric(part["busy_share"], errors="coerce") > BUSY_SHARE]
+    if busy.empty:
+        return []
+    share = busy["busy_share"].astype(float)
+    cells = "; ".join(f"{label} on {', '.join(dict.fromkeys(g['benchmark'].astype(str)))}"
+                      for label, g in busy.groupby("label", sort=False))
+    return [f"timed on a busy machine (other processes used {share.min():.0%}–{share.max():.0%} of the CPUs while "
+            f"they ran), so their tokens/s understate it: {cells}"]

@@ -17,6 +17,7 @@ import pandas as pd
 
 from moespac.analysis import paper
 from moespac.analysis.render import Block, cell, fmt, span
+from moespac.analysis.rows import busy_note
 from moespac.datasets import get_benchmark
 from moespac.errors import MoespacError
 from moespac.catalogue import TABLE2_LABELS
@@ -248,6 +249,7 @@ def _notes(part: pd.DataFrame) -> list[str]:
     for draft, models in charged:
         notes.append(f"simulated draft cost charged to speculative rows: {draft}"
                      + (f" for {', '.join(dict.fromkeys(models))}" if charged.ngroups > 1 else ""))
+    notes += busy_note(part)
     if len(part):
         n = part["requests"].dropna()
         if len(n):
