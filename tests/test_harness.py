@@ -205,19 +205,28 @@ def test_sigterm_mid_bench_writes_a_failure_record(micro_dir, tmp_path):
     import signal
     import subprocess
     import sys
+    import threading
     import time
 
     out = tmp_path / "run.json"
     cmd = [sys.executable, "-m", "moespac", "bench", "--model-pair", str(micro_dir), "--gamma", "2", "--no-progress",
            "--benchmark", "gsm8k", "--limit", "50", "--max-new-tokens", "1024", "--warmup", "0", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # past imports and model loading, into the prompts; the run itself takes over a minute here (50 prompts x 1024
-    # tokens: at 64 tokens the faster engine finished within the 8 s and was exiting, handler restored, when the
-    # signal came)
-    time.sleep(8)
-    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
+    reader.start()
+    # past imports and model loading (both models' 'Loading weights ... 100%'), into the prompts, however slow the
+    # machine: a fixed sleep sent the signal mid-import on a busy one. The run itself takes over a minute here
+    # (50 prompts x 1024 tokens), so the signal comes while it generates.
+    deadline = time.monotonic() + 300
+    while "".join(chunks).count("100%|") < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)
+    assert proc.poll() is None, "".join(chunks)[-2000:]
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    err = "".join(chunks)
     assert proc.returncode == 143, err[-2000:]
     assert "terminated" in err and not out.exists()
     fail = validate_record(failure_path(out))
