@@ -10,6 +10,7 @@ import pytest
 
 from moespac import environment, record
 from moespac.analysis import audit, tables
+from moespac.analysis.labels import unlabelled
 from moespac.analysis.rows import COLUMNS, busy_note
 from moespac.catalogue import get_method
 
@@ -62,11 +63,16 @@ def test_tables_and_audit_name_the_rows_timed_on_a_busy_machine(tmp_path):
                ("measured", "hybrimoe", "gsm8k", 0.05), ("measured", "hybrimoe", "qa", None))
     _, blocks = tables.table1(df, ["gsm8k", "qa"])
     [note] = [n for n in blocks[0].notes if "busy machine" in n]
-    assert note == ("timed on a busy machine (other processes used 55%–62% of the CPUs while they ran), so their "
-                    "tokens/s understate it: MoE-SpAc on gsm8k, qa")
+    assert note == ("measured rows timed on a busy machine (other processes used 55%–62% of the CPUs while they ran), "
+                    "so their tokens/s understate it: MoE-SpAc on gsm8k, qa")
     assert not busy_note(_rows(("measured", "moespac", "gsm8k", 0.1), ("wrapped", "llamacpp", "gsm8k", None)))
+    assert busy_note(_rows(("measured", "moespac", "gsm8k", 0.3), ("wrapped", "llamacpp", "gsm8k", 0.2)))[1] == (
+        "wrapped rows timed on a busy machine (other processes used 20%–20% of the CPUs while they ran), so their "
+        "tokens/s understate it: llama.cpp on gsm8k")  # one line per timing label: every number on a page has one
     df.to_csv(tmp_path / "t1.csv", index=False)
-    assert "- " + note in audit.render(table1=tmp_path / "t1.csv").splitlines()
+    page = audit.render(table1=tmp_path / "t1.csv")
+    busy = [line for line in page.splitlines() if "busy machine" in line]
+    assert busy == ["- " + note] and not unlabelled("\n".join(busy))  # labelled where it stands
 
 
 def test_rows_take_the_share_of_timed_records_only():

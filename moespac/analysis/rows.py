@@ -374,17 +374,19 @@ def load_rows(paths) -> pd.DataFrame:
 
 
 def busy_note(part: pd.DataFrame) -> list[str]:
-    """The timed rows taken while other processes used more than BUSY_SHARE of the machine's CPUs: their tokens/s
-    understate the machine (beside two busy loops on 2 cores llama.cpp decoded 16x slower, our engine 6x)."""
+    """One line per timing label naming its rows timed while other processes used more than BUSY_SHARE of the
+    machine's CPUs: their tokens/s understate the machine (beside two busy loops on 2 cores llama.cpp decoded 16x
+    slower, our engine 6x)."""
     from moespac.environment import BUSY_SHARE
 
     if "busy_share" not in part:
         return []
     busy = part[pd.to_numeric(part["busy_share"], errors="coerce") > BUSY_SHARE]
-    if busy.empty:
-        return []
-    share = busy["busy_share"].astype(float)
-    cells = "; ".join(f"{label} on {', '.join(dict.fromkeys(g['benchmark'].astype(str)))}"
-                      for label, g in busy.groupby("label", sort=False))
-    return [f"timed on a busy machine (other processes used {share.min():.0%}–{share.max():.0%} of the CPUs while "
-            f"they ran), so their tokens/s understate it: {cells}"]
+    out = []
+    for timing, rows in busy.groupby("timing", sort=False):
+        share = rows["busy_share"].astype(float)
+        cells = "; ".join(f"{label} on {', '.join(dict.fromkeys(g['benchmark'].astype(str)))}"
+                          for label, g in rows.groupby("label", sort=False))
+        out.append(f"{timing} rows timed on a busy machine (other processes used {share.min():.0%}–{share.max():.0%} "
+                   f"of the CPUs while they ran), so their tokens/s understate it: {cells}")
+    return out
