@@ -103,10 +103,11 @@ def static_layer_values(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.
     grid = np.unique(np.linspace(0, n, STATIC_GRID + 1).round().astype(int))
     values = np.full(n + 1, np.inf)
     sets = [used[:0]] * (n + 1)
+    split = _PrefixSplit(d, h, hidden, serial, device_call)  # the order and sums every slot count shares
     for b in grid:
         resident = np.zeros(len(used), dtype=bool)
         resident[rank[:b]] = True
-        values[b] = _prefix_static(active & resident, d, h, hidden, serial, device_call).sum()
+        values[b] = split.best(active & resident).sum()
         sets[b] = used[rank[:b]]
     for b in range(1, n + 1):  # a slot count between grid points keeps the smaller grid point's set
         if values[b] > values[b - 1]:
@@ -128,20 +129,32 @@ def _exact_static(active, d, h, hidden, serial, device_call=0.0):
     return subset_min(g)[0].sum(0)  # best split within each resident set
 
 
-def _prefix_static(eligible, d, h, hidden, serial, device_call=0.0):
-    """[S] each step's best prefix split, device candidates = `eligible`, ordered by h - d."""
-    order = np.argsort(-(h - d), axis=1, kind="stable")
-    e = np.take_along_axis(eligible, order, 1)
-    ds = np.take_along_axis(d, order, 1) * e
-    hs = np.take_along_axis(h, order, 1) * e
-    zero = np.zeros((len(d), 1))
-    dev = np.concatenate([zero, np.cumsum(ds, 1)], 1)
-    host = h.sum(1, keepdims=True) - np.concatenate([zero, np.cumsum(hs, 1)], 1)
-    on_dev = np.concatenate([zero, np.cumsum(e, 1)], 1)
-    dev = dev + device_call * (on_dev > 0)
-    left = on_dev < (d > 0).sum(1, keepdims=True)  # active experts left on the host
-    host = host + hidden[:, None] * left
-    return expert_wall(dev, host, serial).min(1)
+class _PrefixSplit:
+    """Each step's best prefix split of its experts, ordered by h - d, between device and host (d, h [S, n];
+    0 where inactive). The order, the sorted costs and the host totals do not depend on which experts may run on
+    the device, so they are computed once for all the resident sets a layer tries."""
+
+    def __init__(self, d, h, hidden, serial, device_call=0.0):
+        self.order = np.argsort(-(h - d), axis=1, kind="stable")
+        self.d = np.take_along_axis(d, self.order, 1)
+        self.h = np.take_along_axis(h, self.order, 1)
+        self.h_total = h.sum(1, keepdims=True)
+        self.active = (d > 0).sum(1, keepdims=True)
+        self.hidden, self.serial, self.device_call = hidden, serial, device_call
+
+    def best(self, eligible) -> np.ndarray:
+        """[S] each step's least expert time, device candidates = `eligible` [S, n]."""
+        e = np.take_along_axis(eligible, self.order, 1)
+        ds = self.d * e
+        hs = self.h * e
+        zero = np.zeros((len(ds), 1))
+        dev = np.concatenate([zero, np.cumsum(ds, 1)], 1)
+        host = self.h_total - np.concatenate([zero, np.cumsum(hs, 1)], 1)
+        on_dev = np.concatenate([zero, np.cumsum(e, 1)], 1)
+        dev = dev + self.device_call * (on_dev > 0)
+        left = on_dev < self.active  # active experts left on the host
+        host = host + self.hidden[:, None] * left
+        return expert_wall(dev, host, self.serial).min(1)
 
 
 def static_placement(counts: np.ndarray, dev_cost: np.ndarray, host_cost: np.ndarray, hidden: np.ndarray,
