@@ -139,7 +139,7 @@ class _PrefixSplit:
         self.d = np.take_along_axis(d, self.order, 1)
         self.h = np.take_along_axis(h, self.order, 1)
         self.h_total = h.sum(1, keepdims=True)
-        self.active = (d > 0).sum(1, keepdims=True)
+        self.n_active = (d > 0).sum(1, keepdims=True)
         self.hidden, self.serial, self.device_call = hidden, serial, device_call
 
     def best(self, eligible) -> np.ndarray:
@@ -152,7 +152,7 @@ class _PrefixSplit:
         host = self.h_total - np.concatenate([zero, np.cumsum(hs, 1)], 1)
         on_dev = np.concatenate([zero, np.cumsum(e, 1)], 1)
         dev = dev + self.device_call * (on_dev > 0)
-        left = on_dev < self.active  # active experts left on the host
+        left = on_dev < self.n_active  # active experts left on the host
         host = host + self.hidden[:, None] * left
         return expert_wall(dev, host, self.serial).min(1)
 

@@ -144,7 +144,8 @@ def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.nda
         emitted += out
     # then every token of every step at once, layer by layer (a token's routing reads only its step's logits,
     # its own noise and its layer below)
-    of_row = np.repeat(np.arange(len(steps)), [st[1] for st in steps])
+    sizes = [st[1] for st in steps]
+    of_row = np.repeat(np.arange(len(steps)), sizes)
     logits, noise = np.stack(logits), np.concatenate(noise)
     n = len(of_row)
     ids = np.empty((n, L, k), np.int64)
@@ -156,7 +157,7 @@ def _request(rng, spec: ModelSpec, p: RoutingParams, shape: Shape, perms: np.nda
         if layer + 1 < L:
             np.put_along_axis(lead, perms[layer][ids[:, layer]], p.coupling, axis=1)
             pred[:, layer] = _topk(logits[of_row, layer + 1] + lead, k)  # layer l + 1's router on layer l's input
-    starts = np.cumsum([0] + [st[1] for st in steps])
+    starts = np.cumsum([0] + sizes)
     drafted = [np.full_like(ids[a:b], -1) if kind == "prefill" or not self_draft
                else self_draft_rows(sd_rng, ids[a:b], E, SELF_DRAFT_FIDELITY)
                for (kind, *_), a, b in zip(steps, starts[:-1], starts[1:])]
