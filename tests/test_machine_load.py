@@ -73,6 +73,8 @@ def test_tables_and_audit_name_the_rows_timed_on_a_busy_machine(tmp_path):
     page = audit.render(table1=tmp_path / "t1.csv")
     busy = [line for line in page.splitlines() if "busy machine" in line]
     assert busy == ["- " + note] and not unlabelled("\n".join(busy))  # labelled where it stands
+    lines = page.splitlines()
+    assert lines.index(busy[0]) < lines.index("The wrapped block (external systems as their authors ship them):")
 
 
 def test_rows_take_the_share_of_timed_records_only():
