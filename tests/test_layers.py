@@ -18,7 +18,8 @@ PACKAGES = ("moespac", "baselines")
 LAYERS = [
     ("foundation", ["moespac.errors", "moespac.pinning", "moespac.iopaths", "moespac.atomic", "moespac.hashing",
                     "moespac.environment", "moespac.fetch", "moespac.record", "moespac.reference", "moespac.prompts",
-                    "moespac.datasets", "moespac.routing", "moespac.models", "moespac.configargs"]),
+                    "moespac.datasets", "moespac.routing", "moespac.models", "moespac.configargs",
+                    "moespac.parallel"]),
     ("interface", ["moespac.policy", "moespac.cache", "moespac.trace"]),
     ("policies", ["moespac.scheduler", "baselines", "moespac.registry", "moespac.catalogue"]),
     ("drivers", ["moespac.engine", "moespac.sim", "moespac.numerics", "moespac.lossless"]),

@@ -297,7 +297,7 @@ def test_the_consistency_verdict_calls_where_the_headline_holds_and_what_moves_i
 
 
 def test_the_host_sweep_moves_one_parameter_per_point_and_keeps_the_rest(tmp_path):
-    from moespac.experiments.paper_regime import host_sweep
+    from moespac.experiments.paper_regime import Replays, host_sweep
     from moespac.sim.infer_host import PLAUSIBLE
     from moespac.sim.profile import load_profile
 
@@ -308,7 +308,7 @@ def test_the_host_sweep_moves_one_parameter_per_point_and_keeps_the_rest(tmp_pat
         seen.append(load_profile(hardware))
         return {"tokens_per_s": 1.0}
 
-    out = host_sweep(center, ["moespac"], ["gsm8k"], replay, tmp_path)
+    out = host_sweep(center, ["moespac"], ["gsm8k"], Replays(replay), tmp_path)
     assert [(p["parameter"], p["value"]) for p in out] == [(f, v) for f, named in PLAUSIBLE.items() for _, v in named]
     for p, prof in zip(out, seen):
         moved = {f for f in PLAUSIBLE if getattr(prof, f) != getattr(center, f)}
@@ -460,3 +460,37 @@ def test_fig6_draws_the_paper_regime_grid_beside_the_recorded_batch_sweep(tmp_pa
     (legend,) = fig.legends  # one, below (c) and (d)
     assert [t.get_text() for t in legend.get_texts()][:2] == ["gamma = 4", "gamma = 8"]
     plt.close(fig)
+
+
+def test_the_study_is_the_same_over_any_number_of_processes(monkeypatch):
+    """Its replays and fits spread over processes (`--jobs`, the workflow gives it every core): only when they finish
+    may change, never a number (each is a pure function of its trace, method and host)."""
+    from moespac.experiments.paper_regime import PaperRegimeStudy, run_study
+
+    cfg = PaperRegimeStudy(methods=("moespac", "llamacpp", "llamacpp-sd"), benchmarks=("gsm8k", "mt-bench"),
+                           model_spec="deepseek-v2-lite", requests=1, new_tokens=12, table4_benchmark="gsm8k",
+                           table4_batch_sizes=(1, 2), table4_gammas=(2, 4), table2_methods=("moespac-no-sd",),
+                           table2_benchmarks=("gsm8k",))
+    fits, fit = [], pr.fit_routing
+    monkeypatch.setattr(pr, "fit_routing", lambda *a, **k: fits[0] if fits else fits.append(fit(*a, **k)) or fits[0])
+    one, two = run_study(cfg), run_study(cfg, jobs=2)  # the routing fit is serial, and the same: made once
+    assert one["metrics"] == two["metrics"] and one["config"] == two["config"]
+    sweep = one["metrics"]["inferred_host"]["sweep"]
+    assert len(sweep) > 1 and len({p["tps"]["gsm8k"]["moespac"] for p in sweep}) > 1  # the points differ
+
+
+def test_pmap_keeps_the_order_and_runs_nested_maps_in_the_worker():
+    import os
+
+    from moespac.parallel import pmap
+
+    parent, scale = os.getpid(), np.arange(5)  # a closure over an array: nothing but indices is pickled
+
+    def work(i):
+        inner = pmap(lambda j: (j, os.getpid()), range(3), jobs=2)  # in a worker: a plain loop there
+        return i * scale.sum(), os.getpid(), {pid for _, pid in inner}
+
+    out = pmap(work, range(6), jobs=2)
+    assert [v for v, _, _ in out] == [i * 10 for i in range(6)]
+    assert all(pid != parent and inner == {pid} for _, pid, inner in out)
+    assert pmap(work, range(3), jobs=1)[0][1] == parent

@@ -90,6 +90,8 @@ def register(sub) -> None:
     pr.add_argument("--out", required=True, metavar="PREFIX", help="PREFIX.csv, PREFIX.md, PREFIX.png and PREFIX.pdf")
     pr.add_argument("--traces", default=None, metavar="DIR", help="also write the study's traces there: "
                     "BENCHMARK-gGAMMA.npz (speculative) and BENCHMARK-ar.npz, the names `moespac fit-routing` writes")
+    pr.add_argument("--jobs", type=int, default=1, help="processes the independent replays run over (the record "
+                    "is the same for any number)")
     pr.set_defaults(func=run_paper_regime, io=IO(outputs=("json",)))
 
     r = rsub.add_parser("routing-stats", help="routing statistics of traces (concentration, distinct experts per "
@@ -267,6 +269,8 @@ def run_paper_regime(args) -> int:
     from moespac.datasets import BENCHMARKS
     from moespac.experiments.paper_regime import PaperRegimeStudy, run_study
 
+    if args.jobs < 1:
+        raise MoespacError(f"--jobs {args.jobs} must be >= 1")
     benchmarks = tuple(BENCHMARKS) if args.benchmarks == "all" else tuple(b.strip() for b in args.benchmarks.split(","))
     cfg = PaperRegimeStudy(methods=_names(args.methods), benchmarks=benchmarks,
                            hardware=args.hardware, model_spec=args.model_spec, draft_spec=args.draft_spec,
@@ -276,7 +280,8 @@ def run_paper_regime(args) -> int:
                            table4_benchmark=args.table4_benchmark, table4_batch_sizes=_ints(args.table4_batch_sizes,
                                                                                             "--table4-batch-sizes"),
                            table4_gammas=_ints(args.table4_gammas, "--table4-gammas"))
-    record = run_study(cfg, progress=lambda it, n, what: tqdm(it, total=n, desc=what), traces_dir=args.traces)
+    record = run_study(cfg, progress=lambda it, n, what: tqdm(it, total=n, desc=what), traces_dir=args.traces,
+                       jobs=args.jobs)
     write_result(args.json, record)
     md = render(record)
     write_text(f"{args.out}.md", md)

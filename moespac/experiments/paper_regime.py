@@ -27,6 +27,7 @@ from moespac.catalogue import get_method
 from moespac.datasets import get_benchmark
 from moespac.errors import MoespacError, check_unit_interval
 from moespac.models.specs import get_spec
+from moespac.parallel import pmap
 from moespac.policy import check_signals
 from moespac.record import make_record
 from moespac.registry import make_policy
@@ -107,10 +108,11 @@ class PaperRegimeStudy:
             raise MoespacError("paper-regime study: gamma and requests >= 1, new_tokens >= 2")
 
 
-def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | None = None) -> dict:
+def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | None = None, jobs: int = 1) -> dict:
     """The study's record (timing: simulated): the fit with its residuals, and per benchmark every method's
     simulated tokens/s and hit rate. progress: an optional callable(iterable, total, what) -> iterable. traces_dir:
-    also write every benchmark's two traces there (pr.trace_name), once the study has run."""
+    also write every benchmark's two traces there (pr.trace_name), once the study has run. jobs: processes the
+    independent replays and fits are spread over (the record is the same for any number)."""
     spec = get_spec(cfg.model_spec)
     targets, smape_target = pr.paper_targets()
     fitted, smape_note = pr.fit_routing(spec, targets, smape_target, gamma=cfg.gamma, seed=cfg.seed)
@@ -118,17 +120,20 @@ def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | Non
     shape = pr.Shape(requests=cfg.requests, new_tokens=cfg.new_tokens, gamma=cfg.gamma)
     rows, skipped = [], {}
     benches = list(cfg.benchmarks)
-    traces, seeds = {}, {}
-    for i, bench in enumerate(benches):
-        seeds[bench] = cfg.seed + 1000 * (list(pr.BENCHMARK_ORDER).index(bench) if bench in pr.BENCHMARK_ORDER else i)
+    seeds = {bench: cfg.seed + 1000 * (list(pr.BENCHMARK_ORDER).index(bench) if bench in pr.BENCHMARK_ORDER else i)
+             for i, bench in enumerate(benches)}
+
+    def draw(bench: str) -> tuple:
         drawn = pr.Sequences(spec, params[bench], shape, seed=seeds[bench])  # one draw for the SD and AR traces
-        traces[bench] = tuple(pr.paper_regime_trace(spec, params[bench], shape, seed=seeds[bench], benchmark=bench,
-                                                    ar=ar, sequences=drawn) for ar in (False, True))
+        return tuple(pr.paper_regime_trace(spec, params[bench], shape, seed=seeds[bench], benchmark=bench, ar=ar,
+                                           sequences=drawn) for ar in (False, True))
+
+    traces = dict(zip(benches, pmap(draw, benches, jobs, progress, "traces")))
     with tempfile.TemporaryDirectory() as tmp:
         inferred, hosts = None, {"sourced": cfg.hardware}
         if cfg.infer_host:
             inferred = infer_host(cfg.hardware, {b: t[1] for b, t in traces.items()}, cfg.cache_ratio,
-                                  cfg.draft_spec, Path(tmp))
+                                  cfg.draft_spec, Path(tmp), jobs=jobs)
             profile = inferred.pop("profile")
             inferred["profile_yaml"] = profile_yaml(profile)
             for key, bw in (("inferred", inferred["value"]), ("inferred_low", inferred["low"]),
@@ -139,7 +144,7 @@ def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | Non
             # do the paper's tables agree? the a/b llama.cpp's SD gain implies on that host, beside A.1's
             inferred["ab_from_sd_gain"] = ab_from_sd_gain(spec, {b: params[b] for b in benches if b in fitted},
                                                           hosts["inferred"], cfg.cache_ratio, cfg.draft_spec,
-                                                          pr.FIT_SHAPE, seed=cfg.seed)
+                                                          pr.FIT_SHAPE, seed=cfg.seed, jobs=jobs)
         replayable = []
         for slug in dict.fromkeys(cfg.methods + cfg.table2_methods):
             m = get_method(slug)
@@ -150,7 +155,7 @@ def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | Non
             except MoespacError as e:  # a signal the synthetic traces do not carry
                 skipped[slug] = str(e)
 
-        def replay(slug: str, bench: str, hardware: str) -> dict:
+        def replay_one(slug: str, bench: str, hardware: str) -> dict:
             m = get_method(slug)
             trace = traces[bench][0 if m.draft else 1]
             sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
@@ -159,13 +164,17 @@ def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | Non
             return dict({k: rec["metrics"][k] for k in ("tokens_per_s", "latency_s", "hit_rate", "host_share")},
                         per_request={k: [r[k] for r in rec["requests"]] for k in ("tokens_per_s", "latency_s")})
 
+        replay = Replays(replay_one, jobs, progress)
         primary = "inferred" if "inferred" in hosts else "sourced"  # where Table 2's variants are replayed
         in_table1 = [s for s in replayable if s in cfg.methods]
+        on_host = {key: [s for s in in_table1 if not key.startswith("inferred_") or s in BRACKETED] for key in hosts}
+        replay.fill([(slug, bench, hosts[key]) for bench in benches for key in hosts for slug in on_host[key]]
+                    + [(slug, bench, hosts[primary]) for bench in cfg.table2_benchmarks
+                       for slug in cfg.table2_methods if slug in replayable], "replays")
 
-        for bench in progress(benches, len(benches), "benchmarks") if progress else benches:
+        for bench in benches:
             sd, ar = traces[bench]
-            methods = {key: {slug: replay(slug, bench, hardware) for slug in in_table1
-                             if not key.startswith("inferred_") or slug in BRACKETED}
+            methods = {key: {slug: replay(slug, bench, hardware) for slug in on_host[key]}
                        for key, hardware in hosts.items()}
             table2 = {} if bench not in cfg.table2_benchmarks else {
                 slug: methods[primary].get(slug) or replay(slug, bench, hosts[primary])
@@ -178,11 +187,11 @@ def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | Non
         if cfg.table4_benchmark and cfg.table4_batch_sizes and cfg.table4_gammas:
             table4 = dict(benchmark=cfg.table4_benchmark, host=primary,
                           cells=batch_grid(cfg, spec, params[cfg.table4_benchmark], seeds[cfg.table4_benchmark],
-                                           hosts[primary], progress))
+                                           hosts[primary], progress, jobs))
         if inferred is not None and cfg.sweep:
             swept = [b for b in benches if b in fitted]
             pool = contenders({r["benchmark"]: r["methods_inferred"] for r in rows if r["benchmark"] in swept})
-            inferred["sweep"] = host_sweep(profile, pool, swept, replay, Path(tmp), progress)
+            inferred["sweep"] = host_sweep(profile, pool, swept, replay, Path(tmp))
             inferred["sweep_pool_rule"] = CONTENDER_RULE
     if traces_dir is not None:
         for bench, (sd, ar) in traces.items():
@@ -197,32 +206,56 @@ def run_study(cfg: PaperRegimeStudy, progress=None, traces_dir: str | Path | Non
     return make_record("paper-regime", "simulated", dataclasses.asdict(cfg), metrics)
 
 
-def batch_grid(cfg: PaperRegimeStudy, spec, params, seed: int, hardware: str, progress=None) -> list[dict]:
+def batch_grid(cfg: PaperRegimeStudy, spec, params, seed: int, hardware: str, progress=None,
+               jobs: int = 1) -> list[dict]:
     """Table 4 on paper-regime routing: MoE-SpAc on batched traces of one benchmark's routing at every batch size x
     draft length; tokens/s of all sequences together (aggregate) and per sequence (aggregate / batch size, as each
     sequence runs for its whole call), with the per-call samples of the aggregate."""
     m = get_method("moespac")
-    # draft length by draft length, so that every batch size shares one draw of the sequences (pr.Sequences); the
-    # cells are listed batch size by batch size
-    grid = [(b, g) for g in cfg.table4_gammas for b in cfg.table4_batch_sizes]
-    cells, drawn = {}, None
-    for b, g in progress(grid, len(grid), "table 4 cells") if progress else grid:
-        shape = pr.Shape(requests=cfg.requests, new_tokens=cfg.new_tokens, gamma=g, batch=b)
-        if drawn is None or not drawn.fits(spec, params, shape, seed, self_draft=False):
-            drawn = pr.Sequences(spec, params, shape, seed=seed, self_draft=False)  # MoE-SpAc does not read it
-        trace = pr.paper_regime_trace(spec, params, shape, seed=seed, benchmark=cfg.table4_benchmark,
-                                      self_draft=False, sequences=drawn)
-        sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
-                        draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
-        rec = simulate(sim, trace=trace)
-        agg = rec["metrics"]["tokens_per_s"]
-        cells[b, g] = dict(batch_size=b, gamma=g, trace=trace.trace_id(), tokens_per_s=agg / b,
-                           aggregate_tokens_per_s=agg, latency_s=rec["metrics"]["latency_s"],
-                           hit_rate=rec["metrics"]["hit_rate"],
-                           per_request={"aggregate_tokens_per_s": [r["tokens_per_s"] for r in rec["requests"]],
-                                        "latency_s": [r["latency_s"] for r in rec["requests"]]},
-                           measured=pr.measured_statistics(trace) if b == 1 else None)
+
+    def column(g: int) -> list[dict]:
+        # one draft length's batch sizes in order, so that they share one draw of the sequences (pr.Sequences)
+        out, drawn = [], None
+        for b in cfg.table4_batch_sizes:
+            shape = pr.Shape(requests=cfg.requests, new_tokens=cfg.new_tokens, gamma=g, batch=b)
+            if drawn is None or not drawn.fits(spec, params, shape, seed, self_draft=False):
+                drawn = pr.Sequences(spec, params, shape, seed=seed, self_draft=False)  # MoE-SpAc does not read it
+            trace = pr.paper_regime_trace(spec, params, shape, seed=seed, benchmark=cfg.table4_benchmark,
+                                          self_draft=False, sequences=drawn)
+            sim = SimConfig(trace=trace.trace_id(), policy=m.policy, hardware=hardware, model_spec="trace",
+                            draft_spec=cfg.draft_spec, cache_ratio=cfg.cache_ratio, bounds=False)
+            rec = simulate(sim, trace=trace)
+            agg = rec["metrics"]["tokens_per_s"]
+            out.append(dict(batch_size=b, gamma=g, trace=trace.trace_id(), tokens_per_s=agg / b,
+                            aggregate_tokens_per_s=agg, latency_s=rec["metrics"]["latency_s"],
+                            hit_rate=rec["metrics"]["hit_rate"],
+                            per_request={"aggregate_tokens_per_s": [r["tokens_per_s"] for r in rec["requests"]],
+                                         "latency_s": [r["latency_s"] for r in rec["requests"]]},
+                            measured=pr.measured_statistics(trace) if b == 1 else None))
+        return out
+
+    cells = {(c["batch_size"], c["gamma"]): c for col in pmap(column, cfg.table4_gammas, jobs, progress,
+                                                               "table 4 draft lengths") for c in col}
     return [cells[b, g] for b in cfg.table4_batch_sizes for g in cfg.table4_gammas]
+
+
+class Replays:
+    """The study's replays, each (method, benchmark, hardware) run once: `fill` runs a batch of them over `jobs`
+    processes, a call returns one (running it if no batch held it)."""
+
+    def __init__(self, replay_one, jobs: int = 1, progress=None):
+        self.replay_one, self.jobs, self.progress = replay_one, jobs, progress
+        self.done: dict[tuple, dict] = {}
+
+    def fill(self, keys, what: str = "replays") -> None:
+        todo = [k for k in dict.fromkeys(keys) if k not in self.done]
+        self.done.update(zip(todo, pmap(lambda k: self.replay_one(*k), todo, self.jobs, self.progress, what)))
+
+    def __call__(self, slug: str, bench: str, hardware: str) -> dict:
+        key = (slug, bench, hardware)
+        if key not in self.done:
+            self.fill([key])
+        return self.done[key]
 
 
 CONTENDER_RULE = ("replayed at each point (MoE-SpAc, llama.cpp-w/ SD, llama.cpp (the row the host is fitted to: how "
@@ -242,17 +275,19 @@ def contenders(on_inferred: dict[str, dict[str, dict]], factor: float = 2.0) -> 
     return [s for s in next(iter(on_inferred.values()), {}) if s in keep]  # the study's method order
 
 
-def host_sweep(center, pool: list[str], benches: list[str], replay, workdir: Path, progress=None) -> list[dict]:
+def host_sweep(center, pool: list[str], benches: list[str], replay: Replays, workdir: Path) -> list[dict]:
     """One host parameter at a time moved from `center` (the inferred profile) to each of its plausible points
     (infer_host.PLAUSIBLE); at each, every method of `pool` on every benchmark of `benches` (tokens/s)."""
     points = [(field, label, value) for field, named in PLAUSIBLE.items() for label, value in named]
-    out = []
-    for field, label, value in progress(points, len(points), "host points") if progress else points:
-        path = workdir / f"sweep-{field}-{len(out)}.yaml"
-        path.write_text(profile_yaml(with_parameter(center, field, value, f"plausible-range point: {label}")))
-        out.append(dict(parameter=field, label=label, value=value,
-                        tps={b: {s: replay(s, b, str(path))["tokens_per_s"] for s in pool} for b in benches}))
-    return out
+    paths = []
+    for i, (field, label, value) in enumerate(points):
+        paths.append(str(workdir / f"sweep-{field}-{i}.yaml"))
+        Path(paths[-1]).write_text(profile_yaml(with_parameter(center, field, value,
+                                                               f"plausible-range point: {label}")))
+    replay.fill([(s, b, path) for path in paths for b in benches for s in pool], "host sweep replays")
+    return [dict(parameter=field, label=label, value=value,
+                 tps={b: {s: replay(s, b, path)["tokens_per_s"] for s in pool} for b in benches})
+            for (field, label, value), path in zip(points, paths)]
 
 
 def lossless_of(methods) -> dict[str, bool]:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 
 from moespac.errors import MoespacError
+from moespac.parallel import pmap
 from moespac.sim.profile import HardwareProfile, load_profile, profile_yaml
 from moespac.sim.simulate import SimConfig, simulate
 from moespac.trace import Trace
@@ -89,10 +91,10 @@ def llamacpp_tps(profile_path: str, trace: Trace, cache_ratio: float, draft_spec
 
 
 def fit_bandwidth(base: HardwareProfile, trace: Trace, target_tps: float, cache_ratio: float, draft_spec: str,
-                  workdir, steps: int = 16) -> float:
+                  workdir, steps: int = 16, tag: str = "") -> float:
     """Host bandwidth (B/s) in RANGE at which llama.cpp on `trace` runs at `target_tps`; a target outside what
-    RANGE can give is refused, naming it."""
-    path = workdir / f"{base.name}-fit.yaml"
+    RANGE can give is refused, naming it. tag: names this fit's profile file (fits run side by side)."""
+    path = Path(workdir) / f"{base.name}-fit{tag}.yaml"
 
     def tps(bw: float) -> float:
         path.write_text(profile_yaml(with_host_bandwidth(base, bw, "fit in progress")))
@@ -112,15 +114,18 @@ def fit_bandwidth(base: HardwareProfile, trace: Trace, target_tps: float, cache_
     return math.sqrt(lo * hi)
 
 
-def infer_host(base_name: str, ar_traces: dict[str, Trace], cache_ratio: float, draft_spec: str, workdir) -> dict:
+def infer_host(base_name: str, ar_traces: dict[str, Trace], cache_ratio: float, draft_spec: str, workdir,
+               jobs: int = 1) -> dict:
     """Fit the host bandwidth per benchmark to the paper's llama.cpp row; returns the per-benchmark values, their
-    geometric mean and range, and the inferred profile (a HardwareProfile named '<base>-paper-inferred')."""
+    geometric mean and range, and the inferred profile (a HardwareProfile named '<base>-paper-inferred'). jobs:
+    processes the benchmarks' fits are spread over."""
     base = load_profile(base_name)
     targets = paper_tps(PAPER_ROWS[0])
     missing = sorted(set(ar_traces) - set(targets))
     if missing:
         raise MoespacError(f"the paper has no llama.cpp row for benchmark {missing[0]!r}: nothing to fit there")
-    per = {b: fit_bandwidth(base, t, targets[b], cache_ratio, draft_spec, workdir) for b, t in ar_traces.items()}
+    fit = lambda b: fit_bandwidth(base, ar_traces[b], targets[b], cache_ratio, draft_spec, workdir, tag=f"-{b}")
+    per = dict(zip(ar_traces, pmap(fit, list(ar_traces), jobs)))
     values = np.array(list(per.values()))
     mean = float(np.exp(np.log(values).mean()))
     source = (f"inferred, not measured: the host bandwidth at which this simulator's llama.cpp row gives the "
@@ -137,7 +142,7 @@ def infer_host(base_name: str, ar_traces: dict[str, Trace], cache_ratio: float, 
 
 
 def ab_from_sd_gain(spec, params: dict, profile_path: str, cache_ratio: float, draft_spec: str, shape, seed: int = 0,
-                    steps: int = 10) -> dict[str, dict]:
+                    steps: int = 10, jobs: int = 1) -> dict[str, dict]:
     """Do the paper's tables agree with each other? Per benchmark with App. A.1 statistics (`params`: its fitted
     RoutingParams, alpha already A.1's): the token spread at which llama.cpp's SD gain on this host equals the
     paper's (llama.cpp-w/ SD over llama.cpp, Table 1), and the a/b that spread gives, beside A.1's. A gain no
@@ -145,9 +150,9 @@ def ab_from_sd_gain(spec, params: dict, profile_path: str, cache_ratio: float, d
     from moespac.sim import paper_routing as pr
 
     plain, sd = paper_tps(SD_ROWS[0]), paper_tps(SD_ROWS[1])
-    out = {}
-    for bench, p in params.items():
-        target = sd[bench] / plain[bench]
+
+    def one(bench: str) -> dict:
+        p, target = params[bench], sd[bench] / plain[bench]
 
         def gain(temperature: float) -> tuple[float, float]:
             q = dataclasses.replace(p, temperature=temperature)
@@ -165,8 +170,7 @@ def ab_from_sd_gain(spec, params: dict, profile_path: str, cache_ratio: float, d
         (g_lo, ab_lo), (g_hi, ab_hi) = gain(lo), gain(hi)  # the gain falls as the spread (a/b) grows
         row = dict(paper_gain=target, reachable=(g_hi, g_lo), ab_range=(ab_lo, ab_hi))
         if not g_hi <= target <= g_lo:
-            out[bench] = dict(row, a_over_b=None)
-            continue
+            return dict(row, a_over_b=None)
         for _ in range(steps):
             mid = math.sqrt(lo * hi)
             if gain(mid)[0] > target:
@@ -174,5 +178,6 @@ def ab_from_sd_gain(spec, params: dict, profile_path: str, cache_ratio: float, d
             else:
                 hi = mid
         g, ab = gain(math.sqrt(lo * hi))
-        out[bench] = dict(row, a_over_b=ab, gain=g)
-    return out
+        return dict(row, a_over_b=ab, gain=g)
+
+    return dict(zip(params, pmap(one, list(params), jobs)))

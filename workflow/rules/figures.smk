@@ -86,13 +86,15 @@ rule paper_regime:
         "results/logs/paper_regime/paper_regime.log",
     conda:
         "../envs/moespac.yaml"
+    # its ~700 replays are independent: spread over every core, so it never runs alone on one while the rest wait
+    threads: workflow.cores
     params:
         options=get_paper_regime_options,
         prefix=output_prefix_of_md,
         traces=output_folder_of_traces,
     shell:
         "moespac report paper-regime {params.options} --json {output.record} --out {params.prefix}"
-        " --traces {params.traces:q} > {log} 2>&1"
+        " --traces {params.traces:q} --jobs {threads} > {log} 2>&1"
 
 
 rule consistency:
