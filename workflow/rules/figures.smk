@@ -86,8 +86,9 @@ rule paper_regime:
         "results/logs/paper_regime/paper_regime.log",
     conda:
         "../envs/moespac.yaml"
-    # its ~700 replays are independent: spread over every core, so it never runs alone on one while the rest wait
-    threads: workflow.cores
+    # its ~700 replays are independent: spread over cores, so it never runs alone on one while the rest wait
+    # (Snakemake scales 8 down to --cores; a fixed number, as `workflow.cores` is unset outside a run, e.g. --report)
+    threads: 8
     params:
         options=get_paper_regime_options,
         prefix=output_prefix_of_md,
