@@ -25,13 +25,15 @@ def pmap(fn: Callable, items: Sequence, jobs: int = 1, progress=None, what: str 
     global _TASK
     items = list(items)
     forkable = "fork" in multiprocessing.get_all_start_methods()
-    if jobs <= 1 or len(items) < 2 or not forkable or _TASK is not None:  # nested: the outer map holds the workers
-        results = (fn(x) for x in items)
+
+    def collect(results) -> list:
         return list(progress(results, len(items), what) if progress else results)
+
+    if jobs <= 1 or len(items) < 2 or not forkable or _TASK is not None:  # nested: the outer map holds the workers
+        return collect(fn(x) for x in items)
     _TASK = (fn, items)
     try:
         with ProcessPoolExecutor(min(jobs, len(items)), mp_context=multiprocessing.get_context("fork")) as pool:
-            results = pool.map(_run, range(len(items)))
-            return list(progress(results, len(items), what) if progress else results)
+            return collect(pool.map(_run, range(len(items))))
     finally:
         _TASK = None
