@@ -10,7 +10,7 @@ import numpy as np
 
 from baselines.lru import LRU
 from moespac.errors import MoespacError
-from moespac.policy import LayerPlan, Prefetch, StepInfo
+from moespac.policy import LayerPlan, Prefetch, StepInfo, VictimKeys
 
 
 INT4_SCALE = 4.5 / 16
@@ -207,8 +207,8 @@ class StreamedLayers(LRU):
     def victim(self, candidates, cache):
         return super().victim(candidates & ~self.placed, cache)
 
-    def victims_in_order(self, candidates, n, cache):
-        return super().victims_in_order(candidates & ~self.placed, n, cache)
+    def victim_keys(self, cache):
+        return VictimKeys(self.last_use, exclude=self.placed)
 
     def describe(self) -> dict:
         return {"resident_layers": self.placed_layers}

@@ -12,7 +12,7 @@ import numpy as np
 
 from baselines._common import missing
 from baselines.lru import VictimOrder
-from moespac.policy import LayerPlan, Policy, PolicyContext
+from moespac.policy import LayerPlan, Policy, PolicyContext, VictimKeys
 
 
 class LFU(Policy):
@@ -53,8 +53,6 @@ class LFU(Policy):
             self.uses[key] = 0  # the victim leaves the candidates: the order of the rest stands
         return key
 
-    def victims_in_order(self, candidates, n, cache):
-        eids = self.victims.pick_many(candidates, self.clock, self._keys, n)
-        if self.in_cache:
-            self.uses.ravel()[eids] = 0  # as victim() does for each
-        return np.stack(np.divmod(eids, self.uses.shape[1]), axis=1)
+    def victim_keys(self, cache):
+        # in-cache counts restart when an expert leaves: victim() writes what a later key reads
+        return None if self.in_cache else VictimKeys(self._keys())

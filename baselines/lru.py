@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moespac.policy import LayerPlan, Policy, PolicyContext
+from moespac.policy import LayerPlan, Policy, PolicyContext, VictimKeys
 
 
 _NEVER = np.iinfo(np.int64).max  # marks non-candidates in the argmin
@@ -52,25 +52,6 @@ class VictimOrder:
         self.expect[eid] = 0  # the driver evicts it
         return eid
 
-    def pick_many(self, candidates: np.ndarray, clock: int, keys, n: int) -> np.ndarray:
-        """What `n` successive pick() calls return while each pick leaves the candidates (int64 flat
-        indices; fewer when the candidates run out), in one argmin and at most one sort."""
-        first = self.pick(candidates, clock, keys)
-        if first is None or n == 1:
-            return np.array([] if first is None else [first], dtype=np.int64)
-        if self.order is not None:
-            take = self.order[self.at:self.at + n - 1]
-            self.at += len(take)
-        else:  # the n - 1 lowest of what the batch's second pick would sort; a later pick sorts the rest
-            idx = np.flatnonzero(np.frombuffer(self.expect, dtype=bool))
-            k = keys().ravel()[idx]
-            if n - 1 < len(idx):  # keep keys up to the (n-1)-th lowest: the stable sort's first n - 1 are in there
-                low = k <= np.partition(k, n - 2)[n - 2]
-                idx, k = idx[low], k[low]
-            take = idx[np.argsort(k, kind="stable")][:n - 1]
-        np.frombuffer(self.expect, dtype=np.uint8)[take] = 0
-        return np.concatenate([[first], take]).astype(np.int64)
-
 
 class LRU(Policy):
     name = "lru"
@@ -96,6 +77,5 @@ class LRU(Policy):
         eid = self.victims.pick(candidates, self.clock, lambda: self.last_use)
         return None if eid is None else divmod(eid, self.last_use.shape[1])
 
-    def victims_in_order(self, candidates, n, cache):
-        eids = self.victims.pick_many(candidates, self.clock, lambda: self.last_use, n)
-        return np.stack(np.divmod(eids, self.last_use.shape[1]), axis=1)
+    def victim_keys(self, cache):
+        return VictimKeys(self.last_use)  # least recently used first, as victim() picks

@@ -18,7 +18,7 @@ import numpy as np
 from baselines import _exact
 from baselines._offline import device_sets, layer_times, static_placement
 from moespac.errors import MoespacError
-from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch
+from moespac.policy import LayerPlan, Policy, PolicyContext, Prefetch, VictimKeys
 
 # plans that start from a static placement -> the share of the request (its first steps) it is fitted to
 STATIC_STARTS = {"static": 1.0, "hybrid": 1.0, "hybrid-early": 0.5}
@@ -189,16 +189,10 @@ class Oracle(Policy):
         keys = np.where(candidates, self._keys(), -1)
         return divmod(int(np.argmax(keys)), keys.shape[1])
 
-    def victims_in_order(self, candidates, n, cache):
-        if self.plan == "exact":
-            return None  # the plan's own order
-        if self.plan == "static" or not candidates.any():
-            return np.zeros((0, 2), dtype=np.int64)
-        keys = np.where(candidates, self._keys(), -1).ravel()  # unique keys >= 0: the largest n in turn
-        n = min(n, int(np.count_nonzero(candidates)))
-        top = np.argpartition(-keys, n - 1)[:n] if n < keys.size else np.arange(keys.size)
-        top = top[np.argsort(-keys[top], kind="stable")]
-        return np.stack(np.divmod(top, candidates.shape[1]), axis=1)
+    def victim_keys(self, cache):
+        if self.plan in ("static", "exact"):  # evicts nothing; the plan's own order
+            return None
+        return VictimKeys(self._keys(), largest=True)  # unique keys: the furthest next use first
 
     def _planned_victim(self, candidates):
         """The exact plan's eviction: an expert never used again in the request first (its slot is free in

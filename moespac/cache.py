@@ -15,7 +15,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from moespac.errors import MoespacError, check_unit_interval
-from moespac.policy import Policy, Prefetch, Topology, batches_victims
+from moespac.cache_kernels import reserve_keyed
+from moespac.policy import Policy, Prefetch, Topology, keyed_victims
 
 
 @dataclass
@@ -121,14 +122,17 @@ class ExpertCache:
         self.loading = np.zeros((L, E), dtype=bool)
         self.frozen = np.zeros((L, E), dtype=bool)
         self.slot_of = np.full((L, E), -1, dtype=np.int64)
+        self.expert_at = np.full(capacity, -1, dtype=np.int64)  # flat id (layer * E + expert) in each slot; -1 free
         self.occupied = np.zeros(L, dtype=np.int64)  # resident + loading, per layer
-        self._free = list(range(capacity - 1, -1, -1))
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack of free slots: _free[:_nfree]
+        self._nfree = capacity
+        self._exclude_none = np.zeros((L, E), dtype=bool)  # VictimKeys.exclude when a policy gives none
         self.counters = CacheCounters()
         self.requesting: tuple[int, int] | None = None  # the (layer, expert) a slot is sought for, during policy.victim
 
     # -- queries ---------------------------------------------------------------------------------
     def free_slots(self, layer: int | None = None) -> int:
-        free = len(self._free)
+        free = self._nfree
         if layer is not None and self.per_layer_capacity is not None:
             free = min(free, self.per_layer_capacity - int(self.occupied[layer]))
         return max(free, 0)
@@ -162,6 +166,9 @@ class ExpertCache:
 
     def reserve(self, layer: int, expert: int, policy: Policy | None) -> int | None:
         """Take a slot for (layer, expert), evicting the policy's victim if needed; None if refused."""
+        if self.free_slots(layer) == 0 and self._keyed(policy) and (order := policy.victim_keys(self)) is not None:
+            got, slots = self._reserve_keyed(layer, np.array([expert], dtype=np.int64), policy, order)
+            return int(slots[0]) if len(got) else None
         if self.resident[layer, expert] or self.loading[layer, expert]:
             raise MoespacError(f"expert ({layer}, {expert}) is already resident or loading")
         if self.free_slots(layer) == 0:
@@ -177,9 +184,11 @@ class ExpertCache:
             if not cand[vl, ve]:
                 raise MoespacError(f"policy {policy.name!r} chose victim ({vl}, {ve}), which is not evictable")
             self.evict(vl, ve)
-        slot = self._free.pop()
+        self._nfree -= 1
+        slot = int(self._free[self._nfree])
         self.loading[layer, expert] = True
         self.slot_of[layer, expert] = slot
+        self.expert_at[slot] = layer * self.resident.shape[1] + expert
         self.occupied[layer] += 1
         return slot
 
@@ -196,44 +205,33 @@ class ExpertCache:
         return load, carry
 
     def reserve_many(self, layer: int, experts, policy: Policy | None) -> tuple[np.ndarray, np.ndarray]:
-        """reserve() each of `experts` in turn; returns (experts that got a slot, their slots), int64. The same
-        slots, victims and counters as one call each, but a policy that names its next victims at once
-        (Policy.victims_in_order) is asked once for every eviction the batch needs."""
+        """reserve() each of `experts` in turn; returns (experts that got a slot, their slots), int64. A policy
+        that gives its eviction order as keys (Policy.victim_keys) has the whole batch done in one compiled call,
+        with the same slots, victims and counters."""
         ex = np.asarray(experts, dtype=np.int64).ravel()
-        need = len(ex) - len(self._free)  # evictions; a few cost less one call each than in numpy
-        if need <= 2 or policy is None or self.per_layer_capacity is not None or not batches_victims(policy):
-            return self._reserve_each(layer, ex, policy)
-        taken = self.resident[layer, ex] | self.loading[layer, ex]
-        if taken.any() or np.count_nonzero(np.bincount(ex)) < len(ex):
-            e = int(ex[taken][0]) if taken.any() else int(np.argmax(np.bincount(ex)))
-            raise MoespacError(f"expert ({layer}, {e}) is already resident or loading")
-        cand = self.evictable(layer)
-        victims = policy.victims_in_order(cand, need, self) if np.count_nonzero(cand) else ()
-        if victims is None:  # the policy cannot say for this batch
-            return self._reserve_each(layer, ex, policy)
-        victims = np.asarray(victims, dtype=np.int64).reshape(-1, 2)[:need]
-        vl, ve = victims[:, 0], victims[:, 1]
-        flat = vl * cand.shape[1] + ve
-        if not cand[vl, ve].all() or np.count_nonzero(np.bincount(flat)) < len(flat):
-            bad = next(((int(a), int(b)) for a, b in victims if not cand[a, b]), "one twice")
-            raise MoespacError(f"policy {policy.name!r} chose victim {bad}, which is not evictable")
-        # the loop's bookkeeping at once: the free slots go first (popped from the end), then each victim's
-        # slot passes straight to the next expert
-        slots = np.concatenate([np.asarray(self._free[::-1], dtype=np.int64), self.slot_of[vl, ve]])
-        self._free.clear()
-        self.resident[vl, ve] = False
-        self.slot_of[vl, ve] = -1
-        self.occupied -= np.bincount(vl, minlength=len(self.occupied))
-        self.counters.evictions += len(victims)
-        got = ex[:len(slots)]  # past the victims: refused (so is every later one: the candidates only shrank)
-        self.loading[layer, got] = True
-        self.slot_of[layer, got] = slots
-        self.occupied[layer] += len(got)
-        return got, slots
-
-    def _reserve_each(self, layer: int, experts: np.ndarray, policy: Policy | None) -> tuple[np.ndarray, np.ndarray]:
-        pairs = [(e, slot) for e in experts.tolist() if (slot := self.reserve(layer, e, policy)) is not None]
+        if len(ex) > self._nfree and self._keyed(policy) and (order := policy.victim_keys(self)) is not None:
+            return self._reserve_keyed(layer, ex, policy, order)
+        pairs = [(e, slot) for e in ex.tolist() if (slot := self.reserve(layer, e, policy)) is not None]
         return np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64)
+
+    def _keyed(self, policy: Policy | None) -> bool:
+        # a per-layer partition restricts the candidates to one layer: the policies' own victim() handles it
+        return policy is not None and self.per_layer_capacity is None and keyed_victims(policy)
+
+    def _reserve_keyed(self, layer: int, ex: np.ndarray, policy: Policy, order) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.ascontiguousarray(order.keys, dtype=np.int64)
+        exclude = self._exclude_none if order.exclude is None else np.ascontiguousarray(order.exclude, dtype=bool)
+        if keys.shape != self.resident.shape or exclude.shape != self.resident.shape:
+            raise MoespacError(f"policy {policy.name!r}: victim keys of shape {keys.shape} for a cache of "
+                               f"{self.resident.shape}")
+        slots, victims = np.empty(len(ex), dtype=np.int64), np.empty(len(ex), dtype=np.int64)
+        got, self._nfree, evicted = reserve_keyed(self.resident, self.loading, self.frozen, exclude, self.slot_of,
+                                                  self.expert_at, self.occupied, self._free, self._nfree, layer, ex,
+                                                  keys, bool(order.largest), slots, victims)
+        if got < 0:
+            raise MoespacError(f"expert ({layer}, {int(ex[-1 - got])}) is already resident or loading")
+        self.counters.evictions += evicted
+        return ex[:got], slots[:got]
 
     def commit_many(self, layer: int, experts) -> None:
         """commit() each of `experts`."""
@@ -266,15 +264,20 @@ class ExpertCache:
         slot = int(self.slot_of[layer, expert])
         self.resident[layer, expert] = False
         self.slot_of[layer, expert] = -1
+        self.expert_at[slot] = -1
         self.occupied[layer] -= 1
-        self._free.append(slot)
+        self._free[self._nfree] = slot
+        self._nfree += 1
         self.counters.evictions += 1
 
     def check(self) -> None:
         """Invariants (used by tests): slots unique, counts consistent."""
         used = self.slot_of[self.slot_of >= 0]
         assert len(set(used.tolist())) == len(used), "slot used twice"
-        assert len(used) + len(self._free) == self.capacity, "slots leaked"
+        assert len(used) + self._nfree == self.capacity, "slots leaked"
+        held = np.flatnonzero(self.slot_of.ravel() >= 0)
+        assert (self.expert_at[self.slot_of.ravel()[held]] == held).all(), "slot map drift"
+        assert np.count_nonzero(self.expert_at >= 0) == len(used), "slot map drift"
         assert (self.occupied == (self.resident | self.loading).sum(1)).all(), "occupancy drift"
         assert not (self.resident & self.loading).any()
 

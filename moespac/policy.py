@@ -147,6 +147,17 @@ class Prefetch(NamedTuple):
     it, as it skips every request for a resident expert (its slots keep the dequantised weights)."""
 
 
+class VictimKeys(NamedTuple):
+    """A policy's eviction order (Policy.victim_keys)."""
+
+    keys: np.ndarray
+    """int64 [L, E]: the victim is the evictable expert of least key."""
+    largest: bool = False
+    """Greatest key first instead."""
+    exclude: np.ndarray | None = None
+    """bool [L, E]: experts never evicted (None: none)."""
+
+
 class CacheView(Protocol):
     """Read-only view of device residency that policies may consult."""
 
@@ -213,12 +224,12 @@ class Policy:
         """Choose a resident expert to evict among `candidates` (bool [L, E]); None refuses the load."""
         return None
 
-    def victims_in_order(self, candidates: np.ndarray, n: int, cache: CacheView) -> np.ndarray | None:
-        """The victims (int [m, 2] of layer, expert; m <= n) of `n` back-to-back reservations, each victim()
-        call seeing the candidates less the victims before it and nothing else changed (m < n once it would
-        refuse); None = ask victim() each time.
-        Used only where the class that defines it also defines victim() (`batches_victims`), so a subclass
-        that changes victim() is never bypassed. `cache.requesting` is not set for it."""
+    def victim_keys(self, cache: CacheView) -> VictimKeys | None:
+        """When victim() always evicts the candidate of least key (greatest with `largest`), ties to the lower flat
+        index, its keys at this moment; the cache then chooses every victim of a reservation itself, in compiled
+        code (moespac/cache_kernels.py), without calling victim(). None = ask victim() each time.
+        Used only where the class that defines it also defines victim() (`keyed_victims`), so a subclass that
+        changes victim() is never bypassed; and victim() must change nothing a later key reads."""
         return None
 
     def device_slots(self, topology: Topology, capacity: int) -> int:
@@ -242,14 +253,14 @@ def _defined_by(cls: type, name: str) -> type:
     return next(k for k in cls.__mro__ if name in vars(k))
 
 
-def batches_victims(policy: Policy) -> bool:
-    """Whether `policy.victims_in_order` stands for its victim(): both come from the same class."""
-    return _batches_victims(type(policy))
+def keyed_victims(policy: Policy) -> bool:
+    """Whether `policy.victim_keys` stands for its victim(): both come from the same class."""
+    return _keyed_victims(type(policy))
 
 
-@functools.cache  # asked on every batch of reservations; a class's methods do not change
-def _batches_victims(cls: type) -> bool:
-    return _defined_by(cls, "victims_in_order") is _defined_by(cls, "victim") is not Policy
+@functools.cache  # asked on every reservation that needs a victim; a class's methods do not change
+def _keyed_victims(cls: type) -> bool:
+    return _defined_by(cls, "victim_keys") is _defined_by(cls, "victim") is not Policy
 
 
 def check_signals(policy: Policy, available) -> None:

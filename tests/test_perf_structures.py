@@ -17,7 +17,7 @@ from baselines.lfu import LFU
 from baselines.lru import LRU
 from moespac.cache import ExpertCache
 from moespac.errors import MoespacError
-from moespac.policy import PolicyContext, Topology, UnitCosts, batches_victims
+from moespac.policy import PolicyContext, Topology, UnitCosts, VictimKeys, keyed_victims
 from moespac.registry import make_policy
 from moespac.sim.replay import replay
 from moespac.sim.synthetic import toy_scenario
@@ -72,10 +72,11 @@ def brute_force_victim(candidates: np.ndarray, keys: np.ndarray):
 
 def drive_cache_policy(policy, keys, seed: int, steps: int = 120, L: int = 3, E: int = 8, capacity: int = 7):
     """Random uses, on-demand load batches, prefetch commits between reservations, frozen layers and
-    per-request resets through the real ExpertCache; every victim is checked against the brute force."""
+    per-request resets through the real ExpertCache; every victim() is checked against the brute force.
+    Returns (victim() calls checked, the cache's slot map and counters after each step)."""
     rng = np.random.default_rng(seed)
     topo = Topology(L, E, 2)
-    checked = 0
+    checked, states = 0, []
 
     def fresh():
         policy.reset(PolicyContext(topo, capacity))
@@ -111,19 +112,30 @@ def drive_cache_policy(policy, keys, seed: int, steps: int = 120, L: int = 3, E:
                 if not (cache.resident[pl, pe] or cache.loading[pl, pe]) and cache.reserve(pl, pe, policy) is not None:
                     cache.commit(pl, pe)
         cache.check()
+        states.append((cache.slot_of.tobytes(), cache.counters.to_dict()))
+    return checked, states
+
+
+def asked_and_compiled(make_policy_, keys, seed: int) -> int:
+    """drive_cache_policy asking victim() each time (checked against the brute force), then with the compiled
+    reservations (Policy.victim_keys): the same slots after every step. Returns the victim() calls checked."""
+    with patch("moespac.cache.keyed_victims", lambda p: False):
+        checked, asked = drive_cache_policy(make_policy_(), keys, seed)
+    _, compiled = drive_cache_policy(make_policy_(), keys, seed)
+    assert compiled == asked
     return checked
 
 
 @settings(max_examples=12, deadline=None)
 @given(st.integers(0, 10_000))
-def test_batched_lru_and_lfu_victims_match_brute_force(seed):
-    assert drive_cache_policy(LRU(), lambda p: p.last_use, seed) > 0
-    assert drive_cache_policy(PrefetchLRU(), lambda p: p.last_use, seed) > 0
+def test_lru_and_lfu_victims_match_brute_force_asked_or_compiled(seed):
+    assert asked_and_compiled(LRU, lambda p: p.last_use, seed) > 0
+    assert asked_and_compiled(PrefetchLRU, lambda p: p.last_use, seed) > 0
     def lfu_key(p):
         return p.uses * (p.clock + 1) + p.last_use
 
-    assert drive_cache_policy(LFU(), lfu_key, seed) > 0
-    assert drive_cache_policy(LFU(in_cache=True), lfu_key, seed) > 0
+    assert asked_and_compiled(LFU, lfu_key, seed) > 0
+    assert drive_cache_policy(LFU(in_cache=True), lfu_key, seed)[0] > 0  # its own victim() every time
 
 
 @settings(max_examples=80, deadline=None)
@@ -163,15 +175,16 @@ def test_balancer_large_shapes_match_the_brute_force():
     assert b.solve(u, resident, evictable, 2, 9, 8).tolist() == expected
 
 
-BATCHED = ["lru", "lfu", "lfu:in_cache=true", "accelerate", "vllm-offload", "oracle"]
-ONE_BY_ONE = ["mixtral-offloading", "moe-infinity", "hybrimoe"]  # their own victim()
+KEYED = ["lru", "lfu", "accelerate", "vllm-offload", "oracle"]
+ONE_BY_ONE = ["lfu:in_cache=true", "mixtral-offloading", "moe-infinity", "hybrimoe"]  # their own victim() decides
 
 
-@pytest.mark.parametrize("spec", BATCHED + ONE_BY_ONE)
-def test_batched_reservations_replay_exactly_as_one_reservation_at_a_time(spec):
-    """ExpertCache.reserve_many asks a policy for all the victims of an on-demand batch at once: every
-    replayed number (times, counters, per request) equals the replay that reserves one expert at a time."""
-    batches = 0
+@pytest.mark.parametrize("spec", KEYED + ONE_BY_ONE)
+def test_compiled_reservations_replay_exactly_as_asking_victim_each_time(spec):
+    """A policy that gives its eviction order as keys (Policy.victim_keys) has its reservations done in compiled
+    code without a victim() call: every replayed number (times, counters, per request) equals the replay that
+    asks victim() for each eviction, on random scenarios where slots run out."""
+    keyed = 0
     for seed in range(12):
         rng = np.random.default_rng(seed)
         L, E = int(rng.integers(2, 4)), int(rng.integers(8, 20))
@@ -179,47 +192,76 @@ def test_batched_reservations_replay_exactly_as_one_reservation_at_a_time(spec):
         workload, timing = toy_scenario(rng, L, E, k, n_steps=6, requests=2, gamma=gamma, d0=0.2, d1=1.0, h0=0.5,
                                         h1=2.0, load=float(rng.uniform(0.05, 2.0)), serial=bool(rng.integers(0, 2)))
         capacity = int(rng.integers(1, L * E))
-        plain = replay(workload, timing, make_policy(spec), capacity)
-        with patch("moespac.cache.batches_victims", lambda p: False):
-            one_by_one = replay(workload, timing, make_policy(spec), capacity)
-        cls = next(k for k in type(make_policy(spec)).__mro__ if "victims_in_order" in vars(k))
-        inner = cls.victims_in_order
+        with patch("moespac.cache.keyed_victims", lambda p: False):
+            asking = replay(workload, timing, make_policy(spec), capacity)
+        cls = next(k for k in type(make_policy(spec)).__mro__ if "victim_keys" in vars(k))
+        inner = cls.victim_keys
 
         def counted(self, *a, **kw):
-            nonlocal batches
-            batches += 1
-            return inner(self, *a, **kw)
+            nonlocal keyed
+            out = inner(self, *a, **kw)
+            keyed += out is not None
+            return out
 
-        with patch.object(cls, "victims_in_order", counted):  # on the class: the oracle replays copies of itself
-            batched = replay(workload, timing, make_policy(spec), capacity)
-        assert batched.summary() == one_by_one.summary() == plain.summary()
-        assert batched.requests == one_by_one.requests
-    assert (batches > 0) == (spec in BATCHED), f"{spec}: {batches} batched reservations"
+        with patch.object(cls, "victim_keys", counted):  # on the class: the oracle replays copies of itself
+            compiled = replay(workload, timing, make_policy(spec), capacity)
+        assert compiled.summary() == asking.summary()
+        assert compiled.requests == asking.requests
+    assert (keyed > 0) == (spec in KEYED), f"{spec}: {keyed} compiled reservations"
 
 
-def test_a_subclass_that_changes_victim_is_not_batched_by_its_parents_order():
+def test_a_subclass_that_changes_victim_is_not_keyed_by_its_parents_order():
     from baselines.mixtral_offloading import MixtralOffloading
     from baselines.moe_infinity import MoEInfinity
     from baselines.accelerate import Accelerate
 
-    assert batches_victims(LRU()) and batches_victims(LFU()) and batches_victims(Accelerate())
-    assert not batches_victims(MixtralOffloading()) and not batches_victims(MoEInfinity())
+    assert keyed_victims(LRU()) and keyed_victims(LFU()) and keyed_victims(Accelerate())
+    assert not keyed_victims(MixtralOffloading()) and not keyed_victims(MoEInfinity())
 
 
-def test_reserve_many_refuses_a_victim_that_is_not_evictable():
+@pytest.mark.parametrize("method", ["accelerate", "vllm", "specexp", "sp-moe", "moe-speq", "oracle-sd"])
+def test_compiled_reservations_replay_a_paper_regime_cell_exactly(method):
+    """The keyed Table 1 rows on the traces the tables replay (Qwen3-30B-A3B's 48 x 128, a 25 % cache): the record
+    of the compiled reservations equals, number for number, the one that asks victim() for every eviction."""
+    from moespac.catalogue import get_method
+    from moespac.models.specs import get_spec
+    from moespac.sim import paper_routing as pr
+    from moespac.sim.simulate import SimConfig, simulate
+
+    m = get_method(method)
+    params = pr.RoutingParams(accept=0.74, temperature=1.3, persistence=0.99)
+    shape = pr.Shape(requests=2, new_tokens=24, prompt_tokens=16)
+    trace = pr.paper_regime_trace(get_spec("qwen3-30b-a3b"), params, shape, seed=3, ar=not m.draft)
+    cfg = SimConfig("t", m.policy, "rtx4090-pcie4", model_spec="trace", draft_spec="qwen3-4b-fp8",
+                    cache_ratio=0.25, bounds=False)
+    compiled = simulate(cfg, trace)
+    with patch("moespac.cache.keyed_victims", lambda p: False):
+        asking = simulate(cfg, trace)
+    assert compiled["metrics"]["counters"]["evictions"] > 0
+    assert compiled["metrics"] == asking["metrics"] and compiled["requests"] == asking["requests"]
+
+
+def test_compiled_reservations_refuse_bad_keys_and_taken_experts_changing_nothing():
     class Wrong(LRU):
-        def victim(self, candidates, cache):
+        def victim(self, candidates, cache):  # with victim_keys, so that the keys stand for it
             return super().victim(candidates, cache)
 
-        def victims_in_order(self, candidates, n, cache):
-            return np.array([[0, 0]] * n)  # (0, 0) twice, or not resident
+        def victim_keys(self, cache):
+            return VictimKeys(np.zeros((2, 2), dtype=np.int64))
 
     topo = Topology(1, 6, 2)
-    cache = ExpertCache(topo, 2)
-    policy = Wrong()
-    policy.reset(PolicyContext(topo, 2, None, gamma=0, batch_size=1, costs=UnitCosts(), signals=set()))
-    for e in (0, 1):
-        cache.reserve(0, e, policy)
-        cache.commit(0, e)
-    with pytest.raises(MoespacError, match="chose victim"):
-        cache.reserve_many(0, [2, 3, 4], policy)
+    ctx = PolicyContext(topo, 2, None, gamma=0, batch_size=1, costs=UnitCosts(), signals=set())
+    for policy, experts, match in ((Wrong(), [2, 3, 4], "victim keys of shape"),
+                                   (LRU(), [2, 1, 3], r"expert \(0, 1\) is already resident"),
+                                   (LRU(), [2, 3, 2], r"expert \(0, 2\) is already resident")):
+        cache = ExpertCache(topo, 2)
+        policy.reset(ctx)
+        for e in (0, 1):
+            cache.reserve(0, e, None)
+            cache.commit(0, e)
+        before = [a.copy() for a in (cache.resident, cache.loading, cache.slot_of, cache.occupied, cache._free)]
+        with pytest.raises(MoespacError, match=match):
+            cache.reserve_many(0, experts, policy)
+        after = (cache.resident, cache.loading, cache.slot_of, cache.occupied, cache._free)
+        assert all(np.array_equal(x, y) for x, y in zip(before, after)) and cache._nfree == 0
+        cache.check()
