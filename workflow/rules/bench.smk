@@ -89,6 +89,8 @@ rule simulate_cell:
         cell_pattern("simulated"),
     log:
         cell_pattern("simulated", "results/logs/simulate_cell", ".log"),
+    benchmark:
+        cell_pattern("simulated", "results/benchmarks/simulate_cell", ".tsv")
     conda:
         "../envs/moespac.yaml"
     threads: 1

@@ -84,6 +84,8 @@ rule paper_regime:
         ar=PLAN.paper_regime_traces(draft=False).values(),
     log:
         "results/logs/paper_regime/paper_regime.log",
+    benchmark:
+        "results/benchmarks/paper_regime/paper_regime.tsv"
     conda:
         "../envs/moespac.yaml"
     # its ~700 replays are independent: spread over cores, so it never runs alone on one while the rest wait
