@@ -54,5 +54,8 @@ class LFU(Policy):
         return key
 
     def victim_keys(self, cache):
-        # in-cache counts restart when an expert leaves: victim() writes what a later key reads
-        return None if self.in_cache else VictimKeys(self._keys())
+        return VictimKeys(self._keys())
+
+    def victims_taken(self, flat):
+        if self.in_cache:
+            self.uses.ravel()[flat] = 0  # as victim() does for each

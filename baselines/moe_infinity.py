@@ -131,3 +131,10 @@ class MoEInfinity(LFU):
     def victim(self, candidates, cache):
         free = candidates & ~self.protected
         return super().victim(free if free.any() else candidates, cache)
+
+    def victim_keys(self, cache):
+        order = super().victim_keys(cache)
+        if not self.protected.any():
+            return order
+        # the protected ones after every other candidate, in their own order (LFU keys are >= 0)
+        return order._replace(keys=order.keys + self.protected * (int(order.keys.max()) + 1))

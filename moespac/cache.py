@@ -230,7 +230,9 @@ class ExpertCache:
                                                   keys, bool(order.largest), slots, victims)
         if got < 0:
             raise MoespacError(f"expert ({layer}, {int(ex[-1 - got])}) is already resident or loading")
-        self.counters.evictions += evicted
+        if evicted:
+            self.counters.evictions += evicted
+            policy.victims_taken(victims[:evicted])
         return ex[:got], slots[:got]
 
     def commit_many(self, layer: int, experts) -> None:

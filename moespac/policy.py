@@ -229,8 +229,12 @@ class Policy:
         index, its keys at this moment; the cache then chooses every victim of a reservation itself, in compiled
         code (moespac/cache_kernels.py), without calling victim(). None = ask victim() each time.
         Used only where the class that defines it also defines victim() (`keyed_victims`), so a subclass that
-        changes victim() is never bypassed; and victim() must change nothing a later key reads."""
+        changes victim() is never bypassed. What victim() records about its victims, `victims_taken` records."""
         return None
+
+    def victims_taken(self, flat: np.ndarray) -> None:
+        """The cache evicted these experts (flat ids, layer * E + expert, in order), chosen by `victim_keys`: record
+        what victim() would have recorded choosing them (e.g. an in-cache count that restarts)."""
 
     def device_slots(self, topology: Topology, capacity: int) -> int:
         """Device expert slots the system makes of the run's `capacity` (full-precision slots): fewer for one that

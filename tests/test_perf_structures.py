@@ -135,7 +135,7 @@ def test_lru_and_lfu_victims_match_brute_force_asked_or_compiled(seed):
         return p.uses * (p.clock + 1) + p.last_use
 
     assert asked_and_compiled(LFU, lfu_key, seed) > 0
-    assert drive_cache_policy(LFU(in_cache=True), lfu_key, seed)[0] > 0  # its own victim() every time
+    assert asked_and_compiled(lambda: LFU(in_cache=True), lfu_key, seed) > 0
 
 
 @settings(max_examples=80, deadline=None)
@@ -175,8 +175,9 @@ def test_balancer_large_shapes_match_the_brute_force():
     assert b.solve(u, resident, evictable, 2, 9, 8).tolist() == expected
 
 
-KEYED = ["lru", "lfu", "accelerate", "vllm-offload", "oracle"]
-ONE_BY_ONE = ["lfu:in_cache=true", "mixtral-offloading", "moe-infinity", "hybrimoe"]  # their own victim() decides
+KEYED = ["lru", "lfu", "lfu:in_cache=true", "accelerate", "vllm-offload", "moe-infinity", "moe-infinity:prefetch=eam",
+         "oracle"]
+ONE_BY_ONE = ["mixtral-offloading", "hybrimoe"]  # their own victim() decides
 
 
 @pytest.mark.parametrize("spec", KEYED + ONE_BY_ONE)
@@ -216,10 +217,12 @@ def test_a_subclass_that_changes_victim_is_not_keyed_by_its_parents_order():
     from baselines.accelerate import Accelerate
 
     assert keyed_victims(LRU()) and keyed_victims(LFU()) and keyed_victims(Accelerate())
-    assert not keyed_victims(MixtralOffloading()) and not keyed_victims(MoEInfinity())
+    assert keyed_victims(MoEInfinity())  # its own victim_keys, beside its own victim()
+    assert not keyed_victims(MixtralOffloading())
 
 
-@pytest.mark.parametrize("method", ["accelerate", "vllm", "specexp", "sp-moe", "moe-speq", "oracle-sd"])
+@pytest.mark.parametrize("method", ["accelerate", "vllm", "specexp", "sp-moe", "moe-speq", "moe-infinity",
+                                    "oracle-sd"])
 def test_compiled_reservations_replay_a_paper_regime_cell_exactly(method):
     """The keyed Table 1 rows on the traces the tables replay (Qwen3-30B-A3B's 48 x 128, a 25 % cache): the record
     of the compiled reservations equals, number for number, the one that asks victim() for every eviction."""
