@@ -20,7 +20,7 @@ LAYERS = [
                     "moespac.environment", "moespac.fetch", "moespac.record", "moespac.reference", "moespac.prompts",
                     "moespac.datasets", "moespac.routing", "moespac.models", "moespac.configargs",
                     "moespac.parallel"]),
-    ("interface", ["moespac.policy", "moespac.cache", "moespac.trace"]),
+    ("interface", ["moespac.policy", "moespac.cache", "moespac.cache_kernels", "moespac.trace"]),
     ("policies", ["moespac.scheduler", "baselines", "moespac.registry", "moespac.catalogue"]),
     ("drivers", ["moespac.engine", "moespac.sim", "moespac.numerics", "moespac.lossless"]),
     ("runs", ["moespac.bench", "moespac.import_trace", "moespac.ar_trace", "baselines.programs", "moespac.experiments",
