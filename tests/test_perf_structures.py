@@ -268,3 +268,20 @@ def test_compiled_reservations_refuse_bad_keys_and_taken_experts_changing_nothin
         after = (cache.resident, cache.loading, cache.slot_of, cache.occupied, cache._free)
         assert all(np.array_equal(x, y) for x, y in zip(before, after)) and cache._nfree == 0
         cache.check()
+
+
+def test_add_each_is_the_left_fold_of_n_additions():
+    """The copy link's clock advances by one copy time per expert of a batch: the compiled fold rounds as that many
+    Python additions do, which n * x does not (a batch's end time would then depend on how it was computed)."""
+    from moespac.sim.link import add_each
+
+    rng = np.random.default_rng(0)
+    differs = 0
+    for _ in range(200):
+        total, x, n = float(rng.uniform(0, 100)), float(rng.uniform(1e-4, 1e-2)), int(rng.integers(0, 200))
+        folded = total
+        for _ in range(n):
+            folded += x
+        assert add_each(total, x, n) == folded
+        differs += folded != total + n * x
+    assert differs > 0
