@@ -145,6 +145,9 @@ def test_router_aux_loss_is_in_the_loss_per_layer(pair):
     # transformers adds coef * its aux loss when router logits are on; ours is the per-layer form, same coefficient
     ce = hf.loss - 0.01 * hf.aux_loss
     assert metrics["ce"] == pytest.approx(ce.item(), abs=1e-5)
+    # the base model + head (skipping transformers' unused pooled aux loss) gives the wrapper's logits to the bit
+    exact = torch.nn.functional.cross_entropy(hf.logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+    assert metrics["ce"] == exact.item()
     assert loss.item() == pytest.approx(ce.item() + 0.01 * metrics["aux"], abs=1e-5)
     # balanced routing gives top_k; a layer collapsed onto k experts gives E
     E, k, T = 8, 2, 64
