@@ -166,7 +166,7 @@ class ExpertCache:
 
     def reserve(self, layer: int, expert: int, policy: Policy | None) -> int | None:
         """Take a slot for (layer, expert), evicting the policy's victim if needed; None if refused."""
-        if self.free_slots(layer) == 0 and self._keyed(policy) and (order := policy.victim_keys(self)) is not None:
+        if self.free_slots(layer) == 0 and (order := self._victim_order(policy)) is not None:
             got, slots = self._reserve_keyed(layer, np.array([expert], dtype=np.int64), policy, order)
             return int(slots[0]) if len(got) else None
         if self.resident[layer, expert] or self.loading[layer, expert]:
@@ -209,14 +209,17 @@ class ExpertCache:
         that gives its eviction order as keys (Policy.victim_keys) has the whole batch done in one compiled call,
         with the same slots, victims and counters."""
         ex = np.asarray(experts, dtype=np.int64).ravel()
-        if len(ex) > self._nfree and self._keyed(policy) and (order := policy.victim_keys(self)) is not None:
+        if len(ex) > self._nfree and (order := self._victim_order(policy)) is not None:
             return self._reserve_keyed(layer, ex, policy, order)
         pairs = [(e, slot) for e in ex.tolist() if (slot := self.reserve(layer, e, policy)) is not None]
         return np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64)
 
-    def _keyed(self, policy: Policy | None) -> bool:
-        # a per-layer partition restricts the candidates to one layer: the policies' own victim() handles it
-        return policy is not None and self.per_layer_capacity is None and keyed_victims(policy)
+    def _victim_order(self, policy: Policy | None):
+        """The policy's victim keys where one compiled call may choose the victims; None: ask its victim() each time.
+        A per-layer partition restricts the candidates to one layer, which the policies' own victim() handles."""
+        if policy is None or self.per_layer_capacity is not None or not keyed_victims(policy):
+            return None
+        return policy.victim_keys(self)
 
     def _reserve_keyed(self, layer: int, ex: np.ndarray, policy: Policy, order) -> tuple[np.ndarray, np.ndarray]:
         keys = np.ascontiguousarray(order.keys, dtype=np.int64)
